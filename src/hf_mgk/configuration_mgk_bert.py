@@ -1,0 +1,69 @@
+"""Configuration of BERT with Mixture-of-Gaussian-Keys attention (SPEC.md §0-1)."""
+
+from transformers.models.bert.configuration_bert import BertConfig
+
+from .config_checks import check_choice, check_head_dim, check_int_range
+
+
+MGK_ATTENTION_TYPES = ("softmax", "mgk", "smgk", "mlk", "smlk")
+
+
+class MGKBertConfig(BertConfig):
+    r"""Every [`BertConfig`] field, plus:
+
+    attention_type (`str`, defaults to `"mgk"`):
+        `"softmax"` (stock BERT attention, the baseline), `"mgk"` (M separate key projections, option A),
+        `"smgk"` (one key projection plus a learned shift per key, option B), and their linear-attention
+        counterparts `"mlk"` / `"smlk"` (mixture of linear keys, phi = elu + 1).
+    num_keys (`int`, defaults to 2): M, the keys per position (>= 1; ignored by `"softmax"`).
+    e_step (`str`, defaults to `"soft"`): `"soft"` (log-sum-exp over keys) or `"hard"` (max over keys, pi unused).
+        The linear types only have the soft form.
+    mgk_prior (`str`, defaults to `"learned"`): `"learned"` (softmax of per-head logits, trained by SGD),
+        `"em"` (a buffer set in training by the M-step: mean responsibility over valid query/key pairs) or
+        `"uniform"` (fixed 1/M).
+    mgk_variances (`list[float]`, defaults to `[1, 3]`): sigma_r^2 as multiples of sqrt(head_dim), one per key.
+        The paper states [1, 3]; the authors' LM/MT code uses [1, 1/3]. For M > 2 the default is 1, 3, 5, ...
+    head_dim (`int`, *optional*): the fixed head size of "concise multi-head attention"; Q, K, V project
+        hidden_size -> num_attention_heads * head_dim. `None` means hidden_size / num_attention_heads.
+    """
+
+    model_type = "mgk-bert"
+
+    attention_type: str = "mgk"
+    num_keys: int = 2
+    e_step: str = "soft"
+    mgk_prior: str = "learned"
+    mgk_variances: list[float] | None = None
+    head_dim: int | None = None
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        check_choice("attention_type", self.attention_type, MGK_ATTENTION_TYPES)
+        check_int_range("num_keys", self.num_keys, 1)
+        check_choice("e_step", self.e_step, ("soft", "hard"))
+        check_choice("mgk_prior", self.mgk_prior, ("learned", "em", "uniform"))
+        check_int_range("num_attention_heads", self.num_attention_heads, 1)
+        check_head_dim(self.hidden_size, self.num_attention_heads, self.head_dim)
+        if self.attention_type in ("mlk", "smlk") and self.e_step == "hard":
+            raise ValueError(
+                f"e_step='hard' is not defined for attention_type={self.attention_type!r}: mixtures of linear keys "
+                "use the soft (weighted-sum) form; use e_step='soft' or a Gaussian type ('mgk' / 'smgk')"
+            )
+        if self.mgk_variances is None:
+            self.mgk_variances = [1.0 + 2.0 * r for r in range(self.num_keys)]
+        self.mgk_variances = [float(v) for v in self.mgk_variances]
+        if len(self.mgk_variances) != self.num_keys:
+            raise ValueError(
+                f"mgk_variances must have num_keys={self.num_keys} entries (one sigma^2 / sqrt(head_dim) per key), "
+                f"got {len(self.mgk_variances)}: {self.mgk_variances}"
+            )
+        if any(not v > 0 for v in self.mgk_variances):
+            raise ValueError(f"mgk_variances must all be > 0, got {self.mgk_variances}")
+
+    @property
+    def attention_head_size(self) -> int:
+        """The head size actually used: `head_dim`, or hidden_size / num_attention_heads."""
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_attention_heads
+
+
+__all__ = ["MGKBertConfig"]

@@ -1,0 +1,88 @@
+"""HF glue shared by the model families: masks, input checks, losses that stay exact under accumulation.
+
+Imports torch only: this file travels next to the remote-code model files."""
+
+import torch
+import torch.nn.functional as F
+
+
+def padding_mask_from(attention_mask, shape):
+    """The (B, S) bool key mask (True = real token) from a tokenizer's 0/1 `attention_mask`; None if nothing is padded.
+
+    The attention functions take this 2-D form; a 3-D/4-D mask would be silently misread, so it is refused."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 2 or tuple(attention_mask.shape) != tuple(shape):
+        raise ValueError(
+            f"attention_mask must be a (batch, sequence_length) padding mask of shape {tuple(shape)} with 1 for real "
+            f"tokens and 0 for padding; got shape {tuple(attention_mask.shape)}"
+        )
+    mask = attention_mask.bool()
+    return None if bool(mask.all()) else mask
+
+
+def check_sequence_length(length, max_positions):
+    """Absolute position embeddings stop at `max_position_embeddings`: say so instead of an index error."""
+    if length > max_positions:
+        raise ValueError(
+            f"Sequence length {length} exceeds max_position_embeddings={max_positions} of this model's absolute "
+            "position embeddings; truncate the input (tokenizer(..., truncation=True, max_length=...))"
+        )
+
+
+def wants_attentions(config, kwargs):
+    """Whether the caller asked for attention matrices (as a forward kwarg, or through the config)."""
+    flag = kwargs.get("output_attentions")
+    return bool(config.output_attentions if flag is None else flag)
+
+
+def classification_loss(config, logits, labels, num_items_in_batch=None):
+    """BERT's sequence-classification loss (regression / single-label / multi-label, chosen as HF does).
+
+    With `num_items_in_batch` (Trainer's count of label entries over the accumulated batch and all processes),
+    the loss is this batch's sum divided by that count, so accumulation and DDP give the full-batch mean;
+    otherwise it is the plain mean."""
+    num_labels = config.num_labels
+    if config.problem_type is None:
+        if num_labels == 1:
+            config.problem_type = "regression"
+        elif labels.dtype in (torch.long, torch.int):
+            config.problem_type = "single_label_classification"
+        else:
+            config.problem_type = "multi_label_classification"
+    labels = labels.to(logits.device)
+    if config.problem_type == "regression":
+        per_item = F.mse_loss(logits.view_as(labels) if num_labels == 1 else logits, labels.to(logits.dtype),
+                              reduction="none")
+    elif config.problem_type == "single_label_classification":
+        per_item = F.cross_entropy(logits.view(-1, num_labels), labels.view(-1), reduction="none")
+        per_item = per_item[labels.view(-1) != -100]
+    else:
+        per_item = F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype), reduction="none")
+    if num_items_in_batch is None:
+        return per_item.mean()
+    return per_item.sum() / torch.as_tensor(num_items_in_batch, device=per_item.device, dtype=per_item.dtype)
+
+
+class AutoMapMixin:
+    """Makes `save_pretrained` write a Hub-ready folder for `trust_remote_code=True`.
+
+    HF's `register_for_auto_class` records one Auto class per saved model; a published checkpoint should load
+    through every Auto class its family supports, so the whole map (`_auto_map`: Auto class -> class name in
+    this model's module) goes into `config.auto_map`, and the code files are always copied beside the weights."""
+
+    _auto_map: dict = {}
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        module = type(self).__module__.rsplit(".", 1)[-1]
+        config_cls = type(self.config)
+        self.config.auto_map = {
+            "AutoConfig": f"{config_cls.__module__.rsplit('.', 1)[-1]}.{config_cls.__name__}",
+            **{auto: f"{module}.{name}" for auto, name in self._auto_map.items()},
+        }
+        # HF copies the code files only for classes registered for an Auto class (`is_remote_code()`).
+        self.config._auto_class = "AutoConfig"
+        if type(self)._auto_class is None:
+            own = [auto for auto, name in self._auto_map.items() if name == type(self).__name__]
+            type(self).register_for_auto_class(own[0] if own else "AutoModel")
+        return super().save_pretrained(save_directory, *args, **kwargs)

@@ -1,0 +1,398 @@
+"""BERT with Mixture-of-Gaussian-Keys attention (Nguyen et al., ICML 2022) as an ordinary HF model.
+
+Embeddings, feed-forward, pooler and heads are HF's own BERT modules with BERT's weight names, so a stock BERT
+checkpoint folder loads into these classes; only the self-attention changes. The math lives in
+`attention_mgk.py` (torch only); this file is the HF glue. Imports: torch, transformers and siblings only, so a
+saved folder works with `trust_remote_code=True` without `hf_mgk` installed.
+"""
+
+import math
+
+import torch
+from torch import nn
+from transformers import initialization as init
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPoolingAndCrossAttentions,
+    MaskedLMOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
+from transformers.modeling_utils import PreTrainedModel
+from transformers.models.bert.modeling_bert import (
+    BertEmbeddings,
+    BertIntermediate,
+    BertLMPredictionHead,
+    BertOnlyMLMHead,
+    BertOutput,
+    BertPooler,
+)
+from transformers.pytorch_utils import apply_chunking_to_forward
+from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
+from transformers.utils.output_capturing import capture_outputs
+
+from .attention_mgk import mgk_attention, mgk_responsibilities, mlk_attention
+from .configuration_mgk_bert import MGKBertConfig
+from .modeling_common import (
+    AutoMapMixin,
+    check_sequence_length,
+    classification_loss,
+    padding_mask_from,
+    wants_attentions,
+)
+
+
+class MGKBertSelfAttention(nn.Module):
+    """Self-attention of one layer: softmax (baseline) or a mixture of M keys per position.
+
+    Weight names follow BERT (`query`, `key`, `value`); option A adds `extra_keys` (keys 2..M), option B a
+    per-head `key_shift` (M, D). The prior is `prior_logits` (learned), the `prior` buffer (em) or absent."""
+
+    def __init__(self, config: MGKBertConfig, layer_idx=None):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.attention_type = config.attention_type
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.attention_head_size
+        self.num_keys = config.num_keys if config.attention_type != "softmax" else 1
+        inner = self.num_heads * self.head_dim
+        self.query = nn.Linear(config.hidden_size, inner)
+        self.key = nn.Linear(config.hidden_size, inner)
+        self.value = nn.Linear(config.hidden_size, inner)
+        self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
+        self.is_causal = config.is_decoder
+        if self.attention_type in ("mgk", "mlk"):
+            self.extra_keys = nn.ModuleList(nn.Linear(config.hidden_size, inner) for _ in range(self.num_keys - 1))
+        if self.attention_type in ("smgk", "smlk"):
+            self.key_shift = nn.Parameter(torch.zeros(self.num_heads, self.num_keys, self.head_dim))
+        uses_prior = self.attention_type != "softmax" and not (self.is_gaussian and config.e_step == "hard")
+        self.prior_type = config.mgk_prior if uses_prior else None
+        if self.prior_type == "learned":
+            self.prior_logits = nn.Parameter(torch.zeros(self.num_heads, self.num_keys))
+        elif self.prior_type == "em":
+            self.register_buffer("prior", torch.full((self.num_heads, self.num_keys), 1.0 / self.num_keys))
+        # sigma_r^2 are fixed multiples of sqrt(D) (Sec. 2.3: "we fix the variance ... to sqrt(D)").
+        self.variances = [v * math.sqrt(self.head_dim) for v in config.mgk_variances[: self.num_keys]]
+
+    @property
+    def is_gaussian(self):
+        return self.attention_type in ("mgk", "smgk")
+
+    def log_prior(self):
+        if self.prior_type == "learned":
+            return torch.log_softmax(self.prior_logits, dim=-1)
+        if self.prior_type == "em":
+            return self.prior.clamp_min(torch.finfo(self.prior.dtype).tiny).log()
+        return None  # uniform: a constant that cancels in the softmax over keys
+
+    def _heads(self, x):
+        return x.view(*x.shape[:-1], self.num_heads, self.head_dim).transpose(1, 2)
+
+    def _keys(self, hidden_states):
+        """(B, H, M, S, D): the M keys of every position."""
+        if self.attention_type in ("mgk", "mlk"):
+            # One matmul for all M projections: concatenating the weights costs d*M*H*D, the matmul B*N times more.
+            weight = torch.cat([self.key.weight] + [k.weight for k in self.extra_keys])
+            bias = torch.cat([self.key.bias] + [k.bias for k in self.extra_keys])
+            keys = nn.functional.linear(hidden_states, weight, bias)
+            b, s = keys.shape[:2]
+            return keys.view(b, s, self.num_keys, self.num_heads, self.head_dim).permute(0, 3, 2, 1, 4)
+        key = self._heads(self.key(hidden_states))                                   # (B, H, S, D)
+        return key[:, :, None] + self.key_shift[None, :, :, None, :]
+
+    def forward(self, hidden_states, attention_mask=None, **kwargs):
+        """attention_mask: bool (B, S), True = real token, or None. Returns (output (B, S, H*D), weights or None)."""
+        return_weights = wants_attentions(self.config, kwargs)
+        dropout_p = self.dropout.p if self.training else 0.0
+        query = self._heads(self.query(hidden_states))
+        value = self._heads(self.value(hidden_states))
+        if self.attention_type == "softmax":
+            out, weights = self._softmax(query, self._heads(self.key(hidden_states)), value, attention_mask,
+                                         dropout_p, return_weights)
+        else:
+            keys = self._keys(hidden_states)
+            if self.prior_type == "em" and self.training:
+                self.prior.copy_(mgk_responsibilities(query, keys, variances=self.variances,
+                                                      log_prior=self.log_prior(), attention_mask=attention_mask,
+                                                      is_causal=self.is_causal))
+            if self.is_gaussian:
+                res = mgk_attention(query, keys, value, variances=self.variances, log_prior=self.log_prior(),
+                                    e_step=self.config.e_step, attention_mask=attention_mask,
+                                    is_causal=self.is_causal, dropout_p=dropout_p, return_weights=return_weights)
+            else:
+                res = mlk_attention(query, keys, value, log_prior=self.log_prior(), attention_mask=attention_mask,
+                                    is_causal=self.is_causal, return_weights=return_weights)
+            out, weights = res if return_weights else (res, None)
+            if not self.is_gaussian and dropout_p > 0:
+                # Linear attention has no probability matrix to drop: drop on the output instead.
+                out = nn.functional.dropout(out, p=dropout_p)
+        out = out.transpose(1, 2).reshape(*hidden_states.shape[:-1], self.num_heads * self.head_dim)
+        return out, weights
+
+    def _softmax(self, query, key, value, attention_mask, dropout_p, return_weights):
+        """Stock BERT attention: SDPA, or the explicit form when the weights are asked for (as HF's eager path)."""
+        allowed = attention_mask[:, None, None, :] if attention_mask is not None else None
+        if not return_weights:
+            out = nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=allowed,
+                                                             dropout_p=dropout_p, is_causal=self.is_causal)
+            return out, None
+        scores = torch.matmul(query, key.transpose(-1, -2)) / math.sqrt(self.head_dim)
+        if self.is_causal:
+            n = scores.shape[-1]
+            causal = torch.ones(n, n, dtype=torch.bool, device=scores.device).tril()
+            allowed = causal if allowed is None else allowed & causal
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+        weights = torch.softmax(scores, dim=-1)
+        return torch.matmul(nn.functional.dropout(weights, p=dropout_p), value), weights
+
+
+class MGKBertSelfOutput(nn.Module):
+    """BERT's attention output block; the projection maps H * head_dim (not necessarily hidden_size) back."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.dense = nn.Linear(config.num_attention_heads * config.attention_head_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states, input_tensor):
+        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + input_tensor)
+
+
+class MGKBertAttention(nn.Module):
+    def __init__(self, config, layer_idx=None):
+        super().__init__()
+        self.self = MGKBertSelfAttention(config, layer_idx=layer_idx)
+        self.output = MGKBertSelfOutput(config)
+
+    def forward(self, hidden_states, attention_mask=None, **kwargs):
+        attention_output, weights = self.self(hidden_states, attention_mask, **kwargs)
+        return self.output(attention_output, hidden_states), weights
+
+
+class MGKBertLayer(GradientCheckpointingLayer):
+    def __init__(self, config, layer_idx=None):
+        super().__init__()
+        self.chunk_size_feed_forward = config.chunk_size_feed_forward
+        self.attention = MGKBertAttention(config, layer_idx=layer_idx)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(self, hidden_states, attention_mask=None, **kwargs):
+        attention_output, _ = self.attention(hidden_states, attention_mask, **kwargs)
+        return apply_chunking_to_forward(self.feed_forward_chunk, self.chunk_size_feed_forward, 1, attention_output)
+
+    def feed_forward_chunk(self, attention_output):
+        return self.output(self.intermediate(attention_output), attention_output)
+
+
+class MGKBertEncoder(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.layer = nn.ModuleList(MGKBertLayer(config, layer_idx=i) for i in range(config.num_hidden_layers))
+
+    def forward(self, hidden_states, attention_mask=None, **kwargs):
+        for layer in self.layer:
+            hidden_states = layer(hidden_states, attention_mask, **kwargs)
+        return hidden_states
+
+
+class MGKBertPreTrainedModel(AutoMapMixin, PreTrainedModel):
+    config_class = MGKBertConfig
+    config: MGKBertConfig
+    base_model_prefix = "bert"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True  # accepted so `attn_implementation="sdpa"` does not fail; `attention_type` decides
+    _no_split_modules = ["BertEmbeddings", "MGKBertLayer"]
+    _can_record_outputs = {"hidden_states": MGKBertLayer, "attentions": MGKBertSelfAttention}
+    _auto_map = {
+        "AutoModel": "MGKBertModel",
+        "AutoModelForMaskedLM": "MGKBertForMaskedLM",
+        "AutoModelForSequenceClassification": "MGKBertForSequenceClassification",
+        "AutoModelForTokenClassification": "MGKBertForTokenClassification",
+        "AutoModelForQuestionAnswering": "MGKBertForQuestionAnswering",
+    }
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, BertLMPredictionHead):
+            init.zeros_(module.bias)
+        elif isinstance(module, BertEmbeddings):
+            init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1]).expand((1, -1)))
+            init.zeros_(module.token_type_ids)
+        elif isinstance(module, MGKBertSelfAttention):
+            self._init_mgk_attention(module)
+
+    def _init_mgk_attention(self, module):
+        std = self.config.initializer_range
+        # A stock BERT checkpoint brings `key` but no extra keys: start them from that key plus small noise, so
+        # the pretrained attention pattern survives and the keys can still separate (identical keys under the
+        # hard E-step would give the second one no gradient).
+        key_loaded = getattr(module.key.weight, "_is_hf_initialized", False)
+        for extra in getattr(module, "extra_keys", []):
+            if key_loaded and not getattr(extra.weight, "_is_hf_initialized", False):
+                init.copy_(extra.weight, module.key.weight + std * 0.1 * torch.randn_like(module.key.weight))
+                init.copy_(extra.bias, module.key.bias)
+        if hasattr(module, "key_shift"):
+            # b_1 = 0; the other shifts small random (SPEC §1, option B).
+            shift = torch.randn_like(module.key_shift) * std
+            shift[:, 0] = 0
+            init.copy_(module.key_shift, shift)
+        if hasattr(module, "prior_logits"):
+            init.zeros_(module.prior_logits)  # uniform pi
+        if getattr(module, "prior_type", None) == "em":
+            init.constant_(module.prior, 1.0 / module.num_keys)
+
+
+class MGKBertModel(MGKBertPreTrainedModel):
+    """BERT encoder with MGK self-attention. Takes a (batch, seq) padding mask, like BERT's tokenizer gives."""
+
+    def __init__(self, config: MGKBertConfig, add_pooling_layer=True):
+        super().__init__(config)
+        if config.add_cross_attention:
+            raise ValueError("MGK-BERT has no cross-attention: add_cross_attention must be False")
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = MGKBertEncoder(config)
+        self.pooler = BertPooler(config) if add_pooling_layer else None
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings.word_embeddings = value
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, **kwargs):
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+        shape = input_ids.shape if input_ids is not None else inputs_embeds.shape[:-1]
+        if position_ids is None:
+            check_sequence_length(shape[-1], self.config.max_position_embeddings)
+        embedding_output = self.embeddings(input_ids=input_ids, position_ids=position_ids,
+                                           token_type_ids=token_type_ids, inputs_embeds=inputs_embeds)
+        mask = padding_mask_from(attention_mask, shape)
+        sequence_output = self.encoder(embedding_output, mask, **kwargs)
+        pooled_output = self.pooler(sequence_output) if self.pooler is not None else None
+        return BaseModelOutputWithPoolingAndCrossAttentions(last_hidden_state=sequence_output,
+                                                            pooler_output=pooled_output)
+
+
+class MGKBertForMaskedLM(MGKBertPreTrainedModel):
+    _tied_weights_keys = {
+        "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+        "cls.predictions.decoder.bias": "cls.predictions.bias",
+    }
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.bert = MGKBertModel(config, add_pooling_layer=False)
+        self.cls = BertOnlyMLMHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.cls.predictions.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        self.cls.predictions.decoder = new_embeddings
+        self.cls.predictions.bias = new_embeddings.bias
+
+    @can_return_tuple
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels=None, **kwargs):
+        """labels: -100 for unmasked tokens. `num_items_in_batch` (from Trainer) makes the loss a sum over this
+        batch divided by the masked-token count of the whole accumulated, all-process batch: exact under gradient
+        accumulation and DDP."""
+        outputs = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                            position_ids=position_ids, inputs_embeds=inputs_embeds, return_dict=True, **kwargs)
+        logits = self.cls(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
+                              attentions=outputs.attentions)
+
+
+class MGKBertForSequenceClassification(MGKBertPreTrainedModel):
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = MGKBertModel(config)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels=None, **kwargs):
+        outputs = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                            position_ids=position_ids, inputs_embeds=inputs_embeds, return_dict=True, **kwargs)
+        logits = self.classifier(self.dropout(outputs.pooler_output))
+        loss = None
+        if labels is not None:
+            loss = classification_loss(self.config, logits, labels, kwargs.get("num_items_in_batch"))
+        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
+                                        attentions=outputs.attentions)
+
+
+class MGKBertForTokenClassification(MGKBertPreTrainedModel):
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = MGKBertModel(config, add_pooling_layer=False)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels=None, **kwargs):
+        outputs = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                            position_ids=position_ids, inputs_embeds=inputs_embeds, return_dict=True, **kwargs)
+        logits = self.classifier(self.dropout(outputs.last_hidden_state))
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, self.config, **kwargs)  # honours num_items_in_batch
+        return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
+                                     attentions=outputs.attentions)
+
+
+class MGKBertForQuestionAnswering(MGKBertPreTrainedModel):
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = MGKBertModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, start_positions=None, end_positions=None, **kwargs):
+        outputs = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                            position_ids=position_ids, inputs_embeds=inputs_embeds, return_dict=True, **kwargs)
+        logits = self.qa_outputs(outputs.last_hidden_state)
+        start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            # Trainer counts no "labels" here, so it passes no num_items_in_batch and scales by 1/accumulation.
+            loss = self.loss_function(start_logits, end_logits, start_positions, end_positions)
+        return QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits, end_logits=end_logits,
+                                            hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+
+
+__all__ = [
+    "MGKBertPreTrainedModel",
+    "MGKBertModel",
+    "MGKBertForMaskedLM",
+    "MGKBertForSequenceClassification",
+    "MGKBertForTokenClassification",
+    "MGKBertForQuestionAnswering",
+]
