@@ -1,0 +1,176 @@
+"""The MGK / MLK math: every fast path against the literal Eq. 7 / Sec. 2.4 reference, masks, EM statistics."""
+
+import math
+
+import pytest
+import torch
+
+from conftest import assert_close
+from hf_mgk import mgk_attention, mlk_attention
+from hf_mgk.attention_mgk import mgk_attention_reference, mgk_responsibilities, mlk_attention_reference
+
+B, H, M, D = 2, 3, 2, 8
+
+
+def _inputs(n, s=None, m=M, dv=D, dtype=torch.float32, requires_grad=True):
+    s = s or n
+    q = torch.randn(B, H, n, D, dtype=dtype)
+    k = torch.randn(B, H, m, s, D, dtype=dtype)
+    v = torch.randn(B, H, s, dv, dtype=dtype)
+    log_prior = torch.log_softmax(torch.randn(H, m, dtype=dtype), -1)
+    mask = torch.ones(B, s, dtype=torch.bool)
+    mask[1, s - 3:] = False
+    return [t.requires_grad_(requires_grad) for t in (q, k, v, log_prior)] + [mask]
+
+
+def _variances(m=M):
+    return [math.sqrt(D) * (1 + 2 * r) for r in range(m)]
+
+
+def _grads(out, tensors):
+    torch.manual_seed(1)
+    g = torch.randn_like(out)
+    return torch.autograd.grad(out, tensors, g, allow_unused=True)
+
+
+CASES = [  # (N, S, causal, padded)
+    (7, 7, False, False), (7, 7, False, True), (9, 9, True, False), (9, 9, True, True), (3, 9, True, True),
+]
+
+
+@pytest.mark.parametrize("e_step", ["soft", "hard"])
+@pytest.mark.parametrize("n,s,causal,padded", CASES)
+@pytest.mark.parametrize("return_weights", [False, True])
+def test_mgk_fast_paths_match_reference(e_step, n, s, causal, padded, return_weights):
+    q, k, v, lp, mask = _inputs(n, s)
+    kw = dict(variances=_variances(), log_prior=lp, e_step=e_step, attention_mask=mask if padded else None,
+              is_causal=causal)
+    fast = mgk_attention(q, k, v, return_weights=return_weights, **kw)
+    ref = mgk_attention_reference(q, k, v, **kw)
+    fast_out = fast[0] if return_weights else fast
+    assert_close(fast_out, ref, msg="output")
+    for gf, gr, name in zip(_grads(fast_out, (q, k, v, lp)), _grads(ref, (q, k, v, lp)), "q k v log_prior".split()):
+        if e_step == "hard" and name == "log_prior":
+            assert gf is None and gr is None  # the hard E-step ignores pi (Remark 3)
+            continue
+        assert_close(gf, gr, msg=f"grad {name}")
+
+
+def test_mgk_sdpa_handles_value_wider_than_augmented_keys():
+    q, k, v, lp, mask = _inputs(6, dv=D + 5)
+    kw = dict(variances=_variances(), log_prior=lp, attention_mask=mask)
+    assert_close(mgk_attention(q, k, v, **kw), mgk_attention_reference(q, k, v, **kw))
+
+
+def test_mgk_equals_explicit_mixture_formula():
+    """Independent check of the reference itself: Eq. 7 written out with Gaussian densities' log terms."""
+    q, k, v, lp, _ = _inputs(5, requires_grad=False)
+    var = _variances()
+    out, w = mgk_attention(q, k, v, variances=var, log_prior=lp, return_weights=True)
+    b, h, i = 1, 2, 3
+    scores = torch.stack([
+        torch.logsumexp(torch.stack([lp[h, r] - (q[b, h, i] - k[b, h, r, j]).pow(2).sum() / (2 * var[r])
+                                     for r in range(M)]), 0)
+        for j in range(5)])
+    expected = torch.softmax(scores, 0)
+    assert_close(w[b, h, i], expected)
+    assert_close(out[b, h, i], expected @ v[b, h])
+
+
+def test_uniform_prior_equals_no_prior():
+    q, k, v, _, mask = _inputs(6, requires_grad=False)
+    uniform = torch.full((H, M), math.log(1 / M))
+    a = mgk_attention(q, k, v, variances=_variances(), log_prior=uniform, attention_mask=mask)
+    b = mgk_attention(q, k, v, variances=_variances(), log_prior=None, attention_mask=mask)
+    assert_close(a, b)
+
+
+@pytest.mark.parametrize("fn", ["mgk", "mlk"])
+def test_padded_keys_contribute_nothing_and_no_causal_leak(fn):
+    q, k, v, lp, mask = _inputs(8, requires_grad=False)
+    call = (lambda *a, **kw: mgk_attention(*a, variances=_variances(), **kw)) if fn == "mgk" else mlk_attention
+    base = call(q, k, v, log_prior=lp, attention_mask=mask)
+    k2, v2 = k.clone(), v.clone()
+    k2[1, :, :, -3:] += 100.0
+    v2[1, :, -3:] = -50.0
+    changed = call(q, k2, v2, log_prior=lp, attention_mask=mask)
+    assert_close(changed, base, msg="padded keys leak")
+    causal = call(q, k, v, log_prior=lp, is_causal=True)
+    k3, v3 = k.clone(), v.clone()
+    k3[:, :, :, 5:] = torch.randn_like(k3[:, :, :, 5:])
+    v3[:, :, 5:] = torch.randn_like(v3[:, :, 5:])
+    later_changed = call(q, k3, v3, log_prior=lp, is_causal=True)
+    assert_close(later_changed[:, :, :5], causal[:, :, :5], msg="causal leak")
+    assert (later_changed[:, :, 5:] - causal[:, :, 5:]).abs().max() > 1e-3  # the change is visible later on
+
+
+def test_weights_are_a_distribution_over_real_keys():
+    q, k, v, lp, mask = _inputs(7, requires_grad=False)
+    _, w = mgk_attention(q, k, v, variances=_variances(), log_prior=lp, attention_mask=mask, is_causal=True,
+                         return_weights=True)
+    assert_close(w.sum(-1), torch.ones_like(w.sum(-1)))
+    assert w[1, :, :, -3:].abs().max() == 0
+    assert torch.triu(w, diagonal=1).abs().max() == 0
+
+
+@pytest.mark.parametrize("n,s,causal,padded", CASES)
+def test_mlk_fast_path_matches_reference(n, s, causal, padded):
+    q, k, v, lp, mask = _inputs(n, s)
+    kw = dict(log_prior=lp, attention_mask=mask if padded else None, is_causal=causal)
+    fast, ref = mlk_attention(q, k, v, **kw), mlk_attention_reference(q, k, v, **kw)
+    assert_close(fast, ref)
+    for gf, gr in zip(_grads(fast, (q, k, v, lp)), _grads(ref, (q, k, v, lp))):
+        assert_close(gf, gr)
+
+
+def test_mlk_matches_written_out_formula():
+    q, k, v, lp, _ = _inputs(4, requires_grad=False)
+    phi = lambda x: torch.nn.functional.elu(x) + 1
+    b, h, i = 0, 1, 2
+    mixed = sum(lp[h, r].exp() * phi(k[b, h, r]) for r in range(M))  # (S, D)
+    a = phi(q[b, h, i]) @ mixed.T
+    assert_close(mlk_attention(q, k, v, log_prior=lp)[b, h, i], (a / a.sum()) @ v[b, h])
+
+
+def test_m_step_responsibilities():
+    """pi_r = mean over valid (i, j) of gamma_ijr (Eq. 8), checked by brute force."""
+    q, k, _, lp, mask = _inputs(5, requires_grad=False)
+    var = _variances()
+    pi = mgk_responsibilities(q, k, variances=var, log_prior=lp, attention_mask=mask)
+    assert pi.shape == (H, M)
+    assert_close(pi.sum(-1), torch.ones(H))
+    h = 1
+    acc, count = torch.zeros(M), 0
+    for b in range(B):
+        for i in range(5):
+            for j in range(5):
+                if not mask[b, j]:
+                    continue
+                logits = torch.stack([lp[h, r] - (q[b, h, i] - k[b, h, r, j]).pow(2).sum() / (2 * var[r])
+                                      for r in range(M)])
+                acc += torch.softmax(logits, 0)
+                count += 1
+    assert_close(pi[h], acc / count)
+
+
+def test_bad_arguments_raise_clear_errors():
+    q, k, v, lp, _ = _inputs(4, requires_grad=False)
+    with pytest.raises(ValueError, match="e_step"):
+        mgk_attention(q, k, v, variances=_variances(), e_step="medium")
+    with pytest.raises(ValueError, match="one sigma"):
+        mgk_attention(q, k, v, variances=[1.0])
+    with pytest.raises(ValueError, match="positive"):
+        mgk_attention(q, k, v, variances=[1.0, -2.0])
+    with pytest.raises(ValueError, match="keys"):
+        mgk_attention(q, k[:, :, 0], v, variances=_variances())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_stays_finite(dtype):
+    q, k, v, lp, mask = _inputs(16, requires_grad=False)
+    with torch.autocast("cpu", dtype=dtype):
+        for e_step in ("soft", "hard"):
+            out = mgk_attention(q * 4, k * 4, v, variances=_variances(), log_prior=lp, e_step=e_step,
+                                attention_mask=mask, is_causal=True)
+            assert torch.isfinite(out.float()).all()
+        assert torch.isfinite(mlk_attention(q, k, v, log_prior=lp, attention_mask=mask).float()).all()
