@@ -1,0 +1,74 @@
+"""One Trainer optimiser step of tiny MGK models on a fixed batch; run in-process or under torchrun.
+
+The examples have very different numbers of loss tokens, so a loss that ignores `num_items_in_batch` (the
+transformers 5.23 pitfall) gives a different step under gradient accumulation or several processes."""
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+from torch.utils.data import Dataset
+from transformers import Trainer, TrainingArguments
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+import hf_mgk  # noqa: E402
+
+N_TOKENS = 12
+MASKED_PER_EXAMPLE = [1, 9, 2, 6]  # unequal on purpose
+
+
+class FixedBatch(Dataset):
+    def __init__(self, task):
+        g = torch.Generator().manual_seed(0)
+        self.items = []
+        for i, n_masked in enumerate(MASKED_PER_EXAMPLE):
+            ids = torch.randint(5, 99, (N_TOKENS,), generator=g)
+            item = {"input_ids": ids, "attention_mask": torch.ones(N_TOKENS, dtype=torch.long)}
+            if task == "mlm":
+                labels = torch.full((N_TOKENS,), -100)
+                labels[:n_masked] = ids[:n_masked]
+                item["labels"] = labels
+            else:
+                item["labels"] = torch.tensor(i % 3)
+            self.items.append(item)
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+def build_model(task):
+    torch.manual_seed(0)
+    cfg = hf_mgk.MGKBertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                               intermediate_size=37, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                               attention_probs_dropout_prob=0.0, num_labels=3)
+    cls = hf_mgk.MGKBertForMaskedLM if task == "mlm" else hf_mgk.MGKBertForSequenceClassification
+    return cls(cfg)
+
+
+def train_once(task, per_device_batch, accumulation, output_dir):
+    model = build_model(task)
+    args = TrainingArguments(output_dir=output_dir, per_device_train_batch_size=per_device_batch,
+                             gradient_accumulation_steps=accumulation, max_steps=1, learning_rate=0.5,
+                             optim="sgd", lr_scheduler_type="constant", use_cpu=True, report_to="none",
+                             logging_steps=1, save_strategy="no", seed=0, dataloader_drop_last=False)
+    trainer = Trainer(model=model, args=args, train_dataset=FixedBatch(task))
+    result = trainer.train()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return result.training_loss, flat
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--task", default="mlm")
+    parser.add_argument("--batch", type=int, required=True)
+    parser.add_argument("--accumulation", type=int, required=True)
+    parser.add_argument("--out", required=True)
+    a = parser.parse_args()
+    loss, flat = train_once(a.task, a.batch, a.accumulation, os.path.dirname(a.out))
+    if int(os.environ.get("RANK", "0")) == 0:
+        torch.save({"loss": loss, "params": flat}, a.out)
