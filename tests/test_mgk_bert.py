@@ -21,7 +21,7 @@ from transformers import (
 )
 
 from conftest import assert_close
-from helpers import run_without_hf_mgk
+from hf_mgk.hub import check_remote_code, run_without_package, save_for_hub
 from hf_mgk import (
     MGKBertConfig,
     MGKBertForMaskedLM,
@@ -271,7 +271,7 @@ def test_remote_code_loads_in_a_process_without_hf_mgk(tmp_path):
             first = out.start_logits
         expected[auto_name] = first.tolist()
     torch.save({"ids": ids, "mask": mask}, tmp_path / "inputs.pt")
-    got = run_without_hf_mgk(f"""
+    got = run_without_package(f"""
         import json, torch, transformers
         inputs = torch.load("inputs.pt")
         result = {{}}
@@ -285,3 +285,20 @@ def test_remote_code_loads_in_a_process_without_hf_mgk(tmp_path):
     for auto_name, (module_root, values) in got.items():
         assert module_root == "transformers_modules", auto_name
         assert torch.equal(torch.tensor(values), torch.tensor(expected[auto_name])), auto_name
+
+
+def test_save_for_hub_never_overwrites_and_check_remote_code_detects_a_mismatch(tmp_path):
+    model = MGKBertModel(tiny()).eval()
+    folder = tmp_path / "published"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="overwrite"):
+        save_for_hub(model, folder)
+    assert (folder / "notes.txt").read_text() == "mine"
+    save_for_hub(model, folder, overwrite=True)
+    ids, mask = batch(pad_from=4)
+    reference = model(ids, attention_mask=mask).last_hidden_state
+    out = check_remote_code(folder, {"input_ids": ids, "attention_mask": mask}, reference=reference)
+    assert torch.equal(out, reference)
+    with pytest.raises(AssertionError, match="differ"):
+        check_remote_code(folder, {"input_ids": ids, "attention_mask": mask}, reference=reference + 1e-3)

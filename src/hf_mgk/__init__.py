@@ -12,6 +12,7 @@ from .modeling_mgk_bert import (
     MGKBertForTokenClassification,
     MGKBertModel,
 )
+from . import bundled, hub
 from .registration import register_family
 
 __version__ = "0.1.0"

@@ -1,0 +1,76 @@
+"""Publishing helpers: save a Hub-ready folder safely and prove it loads with `trust_remote_code=True` alone."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import torch
+
+# Run first in the child process: any `import hf_mgk` fails, so the folder's own code files must suffice.
+_BLOCK_PACKAGE = textwrap.dedent(
+    """
+    import importlib.abc, sys
+    class _NoHfMgk(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "hf_mgk" or name.startswith("hf_mgk."):
+                raise ModuleNotFoundError("hf_mgk is deliberately unavailable in this process")
+            return None
+    sys.meta_path.insert(0, _NoHfMgk())
+    """
+)
+
+
+def save_for_hub(model, folder, tokenizer=None, overwrite=False):
+    """`save_pretrained` (safetensors + code files + full `auto_map`) into `folder`, never over a user's files.
+
+    A non-empty folder is refused unless `overwrite=True`."""
+    if os.path.isdir(folder) and os.listdir(folder) and not overwrite:
+        raise FileExistsError(f"{folder} exists and is not empty; pass overwrite=True to replace its contents")
+    model.save_pretrained(folder, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    return folder
+
+
+def run_without_package(code, cwd, timeout=600):
+    """Run Python `code` in a fresh interpreter where `hf_mgk` cannot be imported; return its last stdout line
+    parsed as JSON. Raises RuntimeError with the child's stderr if it fails."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.setdefault("HF_MODULES_CACHE", os.path.join(cwd, ".hf_modules"))
+    script = _BLOCK_PACKAGE + textwrap.dedent(code) + "\nassert 'hf_mgk' not in sys.modules\n"
+    proc = subprocess.run([sys.executable, "-c", script], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the check process failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def check_remote_code(folder, inputs, auto_class="AutoModel", reference=None):
+    """Load `folder` through `transformers.<auto_class>` with `trust_remote_code=True` in a process without
+    hf_mgk, run it on `inputs` (a dict of tensors), and return its first output as a tensor. If `reference` (a
+    tensor) is given, raise AssertionError unless the outputs are identical."""
+    folder = os.path.abspath(folder)
+    with tempfile.TemporaryDirectory() as work:
+        torch.save(inputs, os.path.join(work, "inputs.pt"))
+        result = run_without_package(
+            f"""
+            import json, torch, transformers
+            inputs = torch.load("inputs.pt")
+            model = transformers.{auto_class}.from_pretrained({folder!r}, trust_remote_code=True).eval()
+            with torch.no_grad():
+                out = model(**inputs)
+            first = next(v for v in out.values() if torch.is_tensor(v) and v.dim() > 1)
+            torch.save(first, "output.pt")
+            print(json.dumps({{"module": type(model).__module__}}))
+            """,
+            cwd=work,
+        )
+        if not result["module"].startswith("transformers_modules"):
+            raise AssertionError(f"{auto_class} did not load the folder's own code: {result['module']}")
+        output = torch.load(os.path.join(work, "output.pt"))
+    if reference is not None and not torch.equal(output, reference):
+        raise AssertionError(f"remote-code outputs differ: max abs diff {(output - reference).abs().max().item()}")
+    return output

@@ -1,0 +1,371 @@
+"""NPRF + RPE attention (SPEC §3, §5): the three exact paths against each other and against Eq. (10) itself."""
+
+import math
+
+import pytest
+import torch
+
+import hf_mgk.attention_nprf as nprf
+from hf_mgk.attention_nprf import (
+    draw_features,
+    nprf_attention,
+    rpe_bias_from_buckets,
+    t5_constant_distance,
+    t5_relative_buckets,
+)
+
+PATHS = ("explicit", "fft", "band")
+
+
+def make_inputs(B=2, H=2, N=150, D=8, Dv=6, m=8, bias_scale=2.0, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, N, D, generator=g, dtype=dtype)
+    k = torch.randn(B, H, N, D, generator=g, dtype=dtype)
+    v = torch.randn(B, H, N, Dv, generator=g, dtype=dtype)
+    b = bias_scale * torch.randn(H, 2 * N - 1, generator=g, dtype=dtype)
+    W = draw_features(m, D, g, dtype=dtype)
+    return q, k, v, b, W
+
+
+def padding_mask(B, N):
+    """Row 0: right padding; row 1: left padding (causal: its first queries see no key at all)."""
+    mask = torch.ones(B, N, dtype=torch.bool)
+    mask[0, N - N // 5:] = False
+    mask[-1, : N // 7] = False
+    mask[0, 3] = False  # a hole in the middle
+    return mask
+
+
+def attend(path, q, k, v, b, W, *, normalize=True, max_distance=None, mask=None, causal=False, weights=False):
+    return nprf._nprf_attention(q, k, v, b, W, normalize, max_distance, mask, causal, weights, path)
+
+
+def with_grads(path, q, k, v, b, W, **kw):
+    """Output and the gradients of a fixed random projection of it w.r.t. query, key, value, rpe_bias."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, b)]
+    z = attend(path, *leaves, W, **kw)
+    cotangent = torch.randn(z.shape, generator=torch.Generator().manual_seed(1), dtype=z.dtype)
+    grads = torch.autograd.grad((z * cotangent).sum(), leaves)
+    return [z.detach(), *grads]
+
+
+def rel(a, b):
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+def eq10(q, k, v, b, W, *, normalize=True, causal=False, mask=None):
+    """Eq. (10) written out in float64, no shifts: φ(x) = exp(W x − ‖x‖²/2)/√m, c = exp(b)."""
+    q, k, v, W = (t.double() for t in (q, k, v, W))
+    if normalize:
+        q, k = q / q.norm(dim=-1, keepdim=True), k / k.norm(dim=-1, keepdim=True)
+    m = W.shape[0]
+    phi_q = torch.exp(q @ W.T - (q * q).sum(-1, keepdim=True) / 2) / math.sqrt(m)
+    phi_k = torch.exp(k @ W.T - (k * k).sum(-1, keepdim=True) / 2) / math.sqrt(m)
+    N, S = q.shape[-2], k.shape[-2]
+    i, j = torch.arange(N)[:, None], torch.arange(S)[None, :]
+    C = torch.ones(1, N, S, dtype=torch.float64) if b is None else torch.exp(b.double()[:, j - i + S - 1])
+    if causal:
+        C = C * (j <= i)
+    if mask is not None:
+        phi_k = phi_k * mask[:, None, :, None]
+    A = (phi_q @ phi_k.transpose(-1, -2)) * C
+    return (A @ v) / A.sum(-1, keepdim=True)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The fast paths against the explicit one: outputs and gradients, padding, both directions, N not a power of 2.
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("max_distance", [None, 5, 40, 400])
+def test_fft_matches_explicit(causal, max_distance):
+    q, k, v, b, W = make_inputs()
+    mask = padding_mask(2, 150)
+    kw = dict(max_distance=max_distance, mask=mask, causal=causal)
+    ref = with_grads("explicit", q, k, v, b, W, **kw)
+    for got, want, name in zip(with_grads("fft", q, k, v, b, W, **kw), ref, ("z", "dq", "dk", "dv", "db")):
+        assert rel(got, want) <= 1e-4, name
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("max_distance,min_block", [(5, 16), (16, 16), (40, 16), (70, 64), (400, 64)])
+def test_band_matches_explicit(causal, max_distance, min_block, monkeypatch):
+    # Blocks of max(w, min_block): w = 5 → 10 blocks (far triangles over many blocks), w = 400 > N → one block.
+    monkeypatch.setattr(nprf, "BAND_MIN_BLOCK", min_block)
+    q, k, v, b, W = make_inputs()
+    mask = padding_mask(2, 150)
+    kw = dict(max_distance=max_distance, mask=mask, causal=causal)
+    ref = with_grads("explicit", q, k, v, b, W, **kw)
+    for got, want, name in zip(with_grads("band", q, k, v, b, W, **kw), ref, ("z", "dq", "dk", "dv", "db")):
+        assert rel(got, want) <= 1e-4, name
+
+
+def test_fft_chunks_and_recomputation_match_explicit(monkeypatch):
+    # One (batch·head, feature) unit per chunk: the chunked loop and its checkpointed backward.
+    monkeypatch.setattr(nprf, "FFT_CHUNK_BYTES", 1)
+    q, k, v, b, W = make_inputs(N=40, m=3)
+    for causal in (False, True):
+        kw = dict(mask=padding_mask(2, 40), causal=causal)
+        ref = with_grads("explicit", q, k, v, b, W, **kw)
+        for got, want in zip(with_grads("fft", q, k, v, b, W, **kw), ref):
+            assert rel(got, want) <= 1e-4
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_explicit_is_eq10(causal):
+    q, k, v, b, W = make_inputs(dtype=torch.float64)
+    mask = padding_mask(2, 150)
+    z = attend("explicit", q, k, v, b, W, mask=mask, causal=causal)
+    want = eq10(q, k, v, b, W, causal=causal, mask=mask)
+    has_key = (mask.cumsum(-1) > 0) if causal else mask.any(-1, keepdim=True).expand(-1, 150)
+    rows = has_key[:, None, :, None].expand_as(z)
+    assert rel(z[rows], want[rows]) <= 1e-10
+    assert (z[~rows] == 0).all()  # queries without any valid key: z = 0, not NaN
+
+
+def test_fft_stays_accurate_on_early_causal_rows():
+    # FFT round-off is absolute: rows with few keys and small c (early causal rows) are where it shows. b spans
+    # ~±8 nats here: a float32 FFT gave O(1) relative error on row 0, the float64 one ~1e-7.
+    q, k, v, b, W = make_inputs(N=300, bias_scale=4.0)
+    want = eq10(q, k, v, b, W, causal=True)
+    z = attend("fft", q, k, v, b, W, causal=True)
+    row_rel = (z - want).abs().amax(-1) / want.abs().amax(-1)
+    assert row_rel.max() <= 1e-4
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Masks: causal models never see later tokens, padded keys contribute nothing (SPEC §0).
+
+@pytest.mark.parametrize("path", PATHS)
+def test_no_causal_leak(path):
+    q, k, v, b, W = make_inputs(N=100)
+    t = 37
+    md = 10 if path == "band" else None
+    z = attend(path, q, k, v, b, W, causal=True, max_distance=md)
+    q2, k2, v2, b2 = q.clone(), k.clone(), v.clone(), b.clone()
+    q2[..., t + 1:, :] = 5 * torch.randn_like(q2[..., t + 1:, :])
+    k2[..., t + 1:, :] = 5 * torch.randn_like(k2[..., t + 1:, :])
+    v2[..., t + 1:, :] = 5 * torch.randn_like(v2[..., t + 1:, :])
+    b2[:, 100:] = 20.0  # offsets j − i > 0: weights on future keys
+    z2 = attend(path, q2, k2, v2, b2, W, causal=True, max_distance=md)
+    assert rel(z2[..., : t + 1, :], z[..., : t + 1, :]) <= 1e-6
+    assert rel(z2[..., t + 1:, :], z[..., t + 1:, :]) > 1e-2  # the change is visible where it may be
+    # Without is_causal the same change reaches the early outputs: the check above can fail.
+    z_bi = attend(path, q, k, v, b, W, max_distance=md)
+    z2_bi = attend(path, q2, k2, v2, b2, W, max_distance=md)
+    assert rel(z2_bi[..., : t + 1, :], z_bi[..., : t + 1, :]) > 1e-2
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_padded_keys_change_nothing(path, causal, normalize):
+    q, k, v, b, W = make_inputs(N=90)
+    if not normalize:
+        q, k = 0.3 * q, 0.3 * k
+    mask = padding_mask(2, 90)
+    md = 10 if path == "band" else None
+    kw = dict(mask=mask, causal=causal, normalize=normalize, max_distance=md)
+    z = attend(path, q, k, v, b, W, **kw)
+    pad = ~mask[:, None, :, None]
+    k2 = torch.where(pad, k.std() * torch.randn_like(k), k)
+    v2 = torch.where(pad, 100 * torch.randn_like(v), v)
+    z2 = attend(path, q, k2, v2, b, W, **kw)
+    assert rel(z2, z) <= 1e-6
+    # The same change with every key marked valid does move the outputs.
+    z3 = attend(path, q, k2, v2, b, W, **{**kw, "mask": None})
+    assert rel(z3, z) > 1e-2
+
+
+def test_no_valid_key_gives_zero_and_finite_gradients():
+    q, k, v, b, W = make_inputs(B=1, N=50)
+    mask = torch.zeros(1, 50, dtype=torch.bool)
+    for path in PATHS:
+        z, *grads = with_grads(path, q, k, v, b, W, mask=mask, max_distance=7 if path == "band" else None)
+        assert (z == 0).all() and all(torch.isfinite(g).all() for g in grads)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The paper's ablations against their own formulas.
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_no_rpe_is_plain_linear_attention(path, causal, monkeypatch):
+    monkeypatch.setattr(nprf, "BAND_MIN_BLOCK", 16)
+    q, k, v, _, W = make_inputs(N=100, dtype=torch.float64)
+    mask = padding_mask(2, 100)
+    z = attend(path, q, k, v, None, W, mask=mask, causal=causal)
+    # φ(q̂_i)ᵀ Σ_j φ(k̂_j) v_jᵀ / φ(q̂_i)ᵀ Σ_j φ(k̂_j), the sums over j ≤ i when causal: prefix sums.
+    m = W.shape[0]
+    qh, kh = q / q.norm(dim=-1, keepdim=True), k / k.norm(dim=-1, keepdim=True)
+    phi_q = torch.exp(qh @ W.T - 0.5) / math.sqrt(m)
+    phi_k = torch.exp(kh @ W.T - 0.5) / math.sqrt(m) * mask[:, None, :, None]
+    kv = phi_k[..., :, None] * v[..., None, :]  # (B, H, S, m, Dv)
+    if causal:
+        kv_sum, k_sum = kv.cumsum(2), phi_k.cumsum(2)
+    else:
+        kv_sum, k_sum = kv.sum(2, keepdim=True), phi_k.sum(2, keepdim=True)
+    want = torch.einsum("bhnr,bhnre->bhne", phi_q, kv_sum.expand_as(kv)) / (phi_q * k_sum).sum(-1, keepdim=True)
+    rows = torch.isfinite(want)
+    assert rel(z[rows], want[rows]) <= 1e-10
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_unnormalized_prf_matches_its_formula(path, causal, monkeypatch):
+    monkeypatch.setattr(nprf, "BAND_MIN_BLOCK", 8)
+    N, w = 80, 6
+    q, k, v, b, W = make_inputs(N=N, D=8, dtype=torch.float64)
+    q, k = 0.7 * q, 0.7 * k  # ‖x‖ ~ 2: large enough to differ from the normalized form, small for exp
+    b = b[:, torch.arange(-(N - 1), N).clamp(-w, w) + N - 1]  # constant beyond ±w, for the band path
+    mask = padding_mask(2, N)
+    z = attend(path, q, k, v, b, W, normalize=False, mask=mask, causal=causal, max_distance=w)
+    want = eq10(q, k, v, b, W, normalize=False, causal=causal, mask=mask)
+    rows = torch.isfinite(want)
+    assert rel(z[rows], want[rows]) <= 1e-10
+    assert rel(z[rows], eq10(q, k, v, b, W, causal=causal, mask=mask)[rows]) > 1e-2  # not the NPRF output
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The attention matrix.
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_return_weights(causal):
+    q, k, v, b, W = make_inputs(N=60)
+    mask = padding_mask(2, 60)
+    z, A = nprf_attention(q, k, v, b, W, attention_mask=mask, is_causal=causal, return_weights=True)
+    assert A.shape == (2, 2, 60, 60)
+    has_key = (mask.cumsum(-1) > 0) if causal else mask.any(-1, keepdim=True).expand(-1, 60)
+    sums = A.sum(-1)
+    assert torch.allclose(sums[has_key[:, None].expand_as(sums)], torch.tensor(1.0), atol=1e-5)
+    assert (A[~has_key[:, None].expand_as(sums)] == 0).all()
+    assert (A * ~mask[:, None, None, :] == 0).all()  # padded keys
+    if causal:
+        assert (A.triu(1) == 0).all()  # future keys
+    assert (A >= 0).all()
+    assert rel(A @ v, z) <= 1e-5
+    z_fast = attend("fft", q, k, v, b, W, mask=mask, causal=causal)
+    assert rel(z_fast, z) <= 1e-4
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Mixed precision: float32 inside, finite at 8k tokens.
+
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
+def test_autocast_long_sequence_is_finite(half):
+    N = 8192
+    q, k, v, _, W = make_inputs(B=1, H=1, N=N, D=8, Dv=4, m=4)
+    bucket_bias = 3 * torch.randn(1, 32, generator=torch.Generator().manual_seed(2))
+    b = rpe_bias_from_buckets(bucket_bias, N, bidirectional=False)
+    md = t5_constant_distance(False)
+    leaves = [t.to(half).requires_grad_() for t in (q, k, v)]
+    with torch.autocast("cpu", dtype=half):
+        z_band = nprf_attention(*leaves, b, W, max_distance=md, is_causal=True)  # auto: the band path
+        z_fft = attend("fft", *leaves, b, W, causal=True)
+    assert z_band.dtype == half and z_fft.dtype == half
+    assert torch.isfinite(z_band).all() and torch.isfinite(z_fft).all()
+    (z_band.float().sum() + z_fft.float().sum()).backward()
+    assert all(torch.isfinite(t.grad).all() for t in leaves)
+    # Both are the float32 result rounded to half.
+    want = attend("band", *(t.detach().float() for t in leaves), b, W, causal=True, max_distance=md)
+    assert rel(z_band.float(), want) <= 1e-2 and rel(z_fft.float(), want) <= 1e-2
+
+
+# --------------------------------------------------------------------------------------------------------------
+# T5 buckets: exactly where the bias stops changing.
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (32, 64), (16, 100), (8, 20)])
+def test_t5_buckets_and_constant_distance(bidirectional, num_buckets, max_distance):
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    t = torch.arange(-1000, 1001)
+    got = t5_relative_buckets(t, bidirectional, num_buckets, max_distance)
+    want = T5Attention._relative_position_bucket(t, bidirectional, num_buckets, max_distance)
+    assert torch.equal(got, want)
+
+    d = t5_constant_distance(bidirectional, num_buckets, max_distance)
+    assert 1 <= d <= max_distance
+    far = torch.arange(d, 20 * max_distance)
+    for sign in (1, -1):
+        assert (t5_relative_buckets(sign * far, bidirectional, num_buckets, max_distance) ==
+                t5_relative_buckets(torch.tensor(sign * d), bidirectional, num_buckets, max_distance)).all()
+    # Minimal: one step closer, one side still differs (the negative side when causal: j − i ≥ 0 is all bucket 0).
+    b_d = t5_relative_buckets(torch.tensor([-d, d]), bidirectional, num_buckets, max_distance)
+    b_d1 = t5_relative_buckets(torch.tensor([-(d - 1), d - 1]), bidirectional, num_buckets, max_distance)
+    assert d == 1 or (b_d != b_d1).any()
+
+
+def test_t5_constant_distance_defaults():
+    # Documented for the model layer: below T5's max_distance because the last log bucket starts earlier.
+    assert t5_constant_distance(True, 32, 128) == 91
+    assert t5_constant_distance(False, 32, 128) == 113
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_bucketed_bias_band_equals_unclamped_explicit(bidirectional, monkeypatch):
+    monkeypatch.setattr(nprf, "BAND_MIN_BLOCK", 8)
+    N, num_buckets, max_distance = 200, 16, 40
+    d = t5_constant_distance(bidirectional, num_buckets, max_distance)
+    q, k, v, _, W = make_inputs(N=N)
+    bucket_bias = torch.randn(2, num_buckets, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    mask = padding_mask(2, N)
+    out = {}
+    for path, md in (("explicit", None), ("band", d), ("fft", None)):
+        b = rpe_bias_from_buckets(bucket_bias, N, bidirectional=bidirectional, max_distance=max_distance)
+        z = attend(path, q, k, v, b, W, max_distance=md, mask=mask, causal=not bidirectional)
+        out[path] = (z.detach(), torch.autograd.grad(z.square().sum(), bucket_bias)[0])
+    for path in ("band", "fft"):
+        assert rel(out[path][0], out["explicit"][0]) <= 1e-4
+        assert rel(out[path][1], out["explicit"][1]) <= 1e-4
+    # One less than d is not enough (the band path then reads the wrong bucket for some offsets).
+    b = rpe_bias_from_buckets(bucket_bias.detach(), N, bidirectional=bidirectional, max_distance=max_distance)
+    z = attend("band", q, k, v, b, W, max_distance=d - 1, mask=mask, causal=not bidirectional)
+    assert rel(z, out["explicit"][0]) > 1e-4
+
+
+# --------------------------------------------------------------------------------------------------------------
+# API details.
+
+def test_path_selection_and_auto_result(monkeypatch):
+    assert nprf._choose_path(64, 64, torch.zeros(1, 127), 10, True) == "explicit"
+    assert nprf._choose_path(nprf.EXPLICIT_MAX_LEN_BAND + 1000, nprf.EXPLICIT_MAX_LEN_BAND + 1000,
+                             torch.zeros(1), 10, False) == "band"
+    assert nprf._choose_path(nprf.EXPLICIT_MAX_LEN_FFT + 1, nprf.EXPLICIT_MAX_LEN_FFT + 1,
+                             torch.zeros(1), None, False) == "fft"
+    assert nprf._choose_path(nprf.EXPLICIT_MAX_LEN_FFT, nprf.EXPLICIT_MAX_LEN_FFT,
+                             torch.zeros(1), None, False) == "explicit"
+    # Huge max_distance: the band would be wider than the sequence.
+    assert nprf._choose_path(4000, 4000, torch.zeros(1), 3000, False) != "band"
+    # The public function picks a fast path by itself and gives the same answer.
+    monkeypatch.setattr(nprf, "EXPLICIT_MAX_LEN_BAND", 10)
+    monkeypatch.setattr(nprf, "BAND_MIN_BLOCK", 8)
+    q, k, v, b, W = make_inputs(N=100)
+    z = nprf_attention(q, k, v, b, W, max_distance=8, is_causal=True)
+    assert rel(z, attend("explicit", q, k, v, b, W, max_distance=8, causal=True)) <= 1e-5
+
+
+def test_cross_attention_without_rpe_and_errors():
+    q, k, v, _, W = make_inputs(N=30)
+    z = nprf_attention(q[..., :7, :], k, v, None, W)
+    assert z.shape == (2, 2, 7, 6)
+    assert rel(z, nprf_attention(q, k, v, None, W)[..., :7, :]) <= 1e-6
+    with pytest.raises(ValueError):
+        nprf_attention(q[..., :7, :], k, v, torch.zeros(2, 59), W)
+    with pytest.raises(ValueError):
+        nprf_attention(q, k, v, torch.zeros(2, 30), W)
+
+
+def test_draw_features_is_reproducible():
+    W1 = draw_features(16, 8, torch.Generator().manual_seed(5))
+    W2 = draw_features(16, 8, torch.Generator().manual_seed(5))
+    assert W1.shape == (16, 8) and torch.equal(W1, W2)
+
+
+def test_module_imports_only_stdlib_and_torch():
+    import ast
+    import sys
+
+    tree = ast.parse(open(nprf.__file__, encoding="utf-8").read())
+    roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    roots |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert all(r == "torch" or r in sys.stdlib_module_names for r in roots), roots
