@@ -114,27 +114,30 @@ def _mgk_soft_sdpa(query, keys, value, var, log_prior, attention_mask, is_causal
     """Soft E-step as one SDPA call over M*S augmented keys (exact, O(N) memory with the flash kernel)."""
     b, h, m, s, d = keys.shape
     n, dv = query.shape[2], value.shape[-1]
-    inv_var = (1.0 / var).to(query.dtype)[None, None, :, None, None]                  # (1,1,M,1,1)
-    k_sq = keys.pow(2).sum(-1, keepdim=True)                                          # (B,H,M,S,1)
-    bias = -0.5 * k_sq * inv_var
-    if log_prior is not None:
-        bias = bias + log_prior.to(query.dtype)[None, :, :, None, None]
-    k_aug = torch.cat([keys * inv_var, bias, inv_var.expand(b, h, m, s, 1)], dim=-1).reshape(b, h, m * s, d + 2)
-    q_sq = query.pow(2).sum(-1, keepdim=True)
-    q_aug = torch.cat([query, torch.ones_like(q_sq), -0.5 * q_sq], dim=-1)              # (B,H,N,D+2)
-    v_aug = value.repeat(1, 1, m, 1)                                                   # key r of position j -> v_j
-    # PyTorch's CPU flash kernel needs one head size for q/k and v; else it falls back to a 4-5x slower math path.
+    # PyTorch's CPU flash kernel needs one head size for q/k and v (else a 4-5x slower math path), so every
+    # operand is built at `width` directly inside its one concatenation: no separate pad/copy passes.
     width = max(d + 2, dv)
+    inv_var = (1.0 / var).to(query.dtype).view(1, 1, m, 1, 1)
+    k_scaled = keys * inv_var                                                          # k_jr / sigma_r^2
+    bias = (k_scaled * keys).sum(-1, keepdim=True) * -0.5                              # -|k_jr|^2 / (2 sigma_r^2)
+    if log_prior is not None:
+        bias = bias + log_prior.to(query.dtype).view(1, h, m, 1, 1)
+    k_parts = [k_scaled, bias, inv_var.expand(b, h, m, s, 1)]
+    q_parts = [query, query.new_ones(b, h, n, 1), query.pow(2).sum(-1, keepdim=True) * -0.5]
+    v_parts = [value]
     if width > d + 2:
-        q_aug = F.pad(q_aug, (0, width - d - 2))
-        k_aug = F.pad(k_aug, (0, width - d - 2))
+        k_parts.append(keys.new_zeros(b, h, m, s, width - d - 2))
+        q_parts.append(query.new_zeros(b, h, n, width - d - 2))
     if width > dv:
-        v_aug = F.pad(v_aug, (0, width - dv))
+        v_parts.append(value.new_zeros(b, h, s, width - dv))
+    k_aug = torch.cat(k_parts, dim=-1).view(b, h, m * s, width)
+    q_aug = torch.cat(q_parts, dim=-1)
+    v_aug = torch.cat(v_parts, dim=-1).repeat(1, 1, m, 1)                              # key r of position j -> v_j
     allowed = _allowed(attention_mask, is_causal, n, s, query.device)
     if allowed is not None:
         allowed = allowed.repeat(1, 1, 1, m)
     out = F.scaled_dot_product_attention(q_aug, k_aug, v_aug, attn_mask=allowed, dropout_p=dropout_p, scale=1.0)
-    return out[..., :dv]
+    return out[..., :dv] if width > dv else out
 
 
 def mgk_attention(query, keys, value, *, variances, log_prior=None, e_step="soft", attention_mask=None,
