@@ -3,7 +3,9 @@
 Importing the package registers every configuration and model with the Auto classes, and attaches the Auto
 mapping to each config class so `save_pretrained` writes an `auto_map` naming all of them (remote code)."""
 
+from .attention_fish import fish_attention
 from .attention_mgk import mgk_attention, mlk_attention
+from .configuration_fish_gpt2 import FiSHGPT2Config
 from .configuration_mgk_bert import MGKBertConfig
 from .modeling_mgk_bert import (
     MGKBertForMaskedLM,
@@ -13,6 +15,7 @@ from .modeling_mgk_bert import (
     MGKBertModel,
 )
 from . import bundled, hub
+from .modeling_fish_gpt2 import FiSHGPT2ForSequenceClassification, FiSHGPT2LMHeadModel, FiSHGPT2Model
 from .registration import register_family
 
 __version__ = "0.1.0"
@@ -28,7 +31,21 @@ register_family(
     },
 )
 
+register_family(
+    FiSHGPT2Config,
+    {
+        "AutoModel": FiSHGPT2Model,
+        "AutoModelForCausalLM": FiSHGPT2LMHeadModel,
+        "AutoModelForSequenceClassification": FiSHGPT2ForSequenceClassification,
+    },
+)
+
 __all__ = [
+    "fish_attention",
+    "FiSHGPT2Config",
+    "FiSHGPT2Model",
+    "FiSHGPT2LMHeadModel",
+    "FiSHGPT2ForSequenceClassification",
     "mgk_attention",
     "mlk_attention",
     "MGKBertConfig",

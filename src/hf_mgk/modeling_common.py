@@ -86,3 +86,26 @@ class AutoMapMixin:
             own = [auto for auto, name in self._auto_map.items() if name == type(self).__name__]
             type(self).register_for_auto_class(own[0] if own else "AutoModel")
         return super().save_pretrained(save_directory, *args, **kwargs)
+
+
+def softmax_attention(query, key, value, attention_mask, is_causal, dropout_p, scale, return_weights):
+    """Stock scaled dot-product attention, the baseline of every family, with our mask convention.
+
+    attention_mask: bool (B, S), True = real token, or None. Causal masks are bottom-right aligned: with a KV
+    cache the N queries are the last N of the S positions. Returns (output, weights or None); the explicit form,
+    as HF's eager path, runs only when the weights are asked for."""
+    n, s = query.shape[-2], key.shape[-2]
+    allowed = attention_mask[:, None, None, :] if attention_mask is not None else None
+    if is_causal and not (allowed is None and n == s and not return_weights):
+        causal = torch.ones(n, s, dtype=torch.bool, device=query.device).tril(diagonal=s - n)
+        allowed = causal if allowed is None else allowed & causal
+    if not return_weights:
+        plain_causal = is_causal and allowed is None
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, dropout_p=dropout_p,
+                                             is_causal=plain_causal, scale=scale)
+        return out, None
+    scores = torch.matmul(query, key.transpose(-1, -2)) * (query.shape[-1] ** -0.5 if scale is None else scale)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1)
+    return torch.matmul(F.dropout(weights, p=dropout_p), value), weights

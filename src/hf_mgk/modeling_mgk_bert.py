@@ -39,6 +39,7 @@ from .modeling_common import (
     check_sequence_length,
     classification_loss,
     padding_mask_from,
+    softmax_attention,
     wants_attentions,
 )
 
@@ -109,8 +110,8 @@ class MGKBertSelfAttention(nn.Module):
         query = self._heads(self.query(hidden_states))
         value = self._heads(self.value(hidden_states))
         if self.attention_type == "softmax":
-            out, weights = self._softmax(query, self._heads(self.key(hidden_states)), value, attention_mask,
-                                         dropout_p, return_weights)
+            out, weights = softmax_attention(query, self._heads(self.key(hidden_states)), value, attention_mask,
+                                             self.is_causal, dropout_p, None, return_weights)
         else:
             keys = self._keys(hidden_states)
             if self.prior_type == "em" and self.training:
@@ -130,23 +131,6 @@ class MGKBertSelfAttention(nn.Module):
                 out = nn.functional.dropout(out, p=dropout_p)
         out = out.transpose(1, 2).reshape(*hidden_states.shape[:-1], self.num_heads * self.head_dim)
         return out, weights
-
-    def _softmax(self, query, key, value, attention_mask, dropout_p, return_weights):
-        """Stock BERT attention: SDPA, or the explicit form when the weights are asked for (as HF's eager path)."""
-        allowed = attention_mask[:, None, None, :] if attention_mask is not None else None
-        if not return_weights:
-            out = nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=allowed,
-                                                             dropout_p=dropout_p, is_causal=self.is_causal)
-            return out, None
-        scores = torch.matmul(query, key.transpose(-1, -2)) / math.sqrt(self.head_dim)
-        if self.is_causal:
-            n = scores.shape[-1]
-            causal = torch.ones(n, n, dtype=torch.bool, device=scores.device).tril()
-            allowed = causal if allowed is None else allowed & causal
-        if allowed is not None:
-            scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-        weights = torch.softmax(scores, dim=-1)
-        return torch.matmul(nn.functional.dropout(weights, p=dropout_p), value), weights
 
 
 class MGKBertSelfOutput(nn.Module):

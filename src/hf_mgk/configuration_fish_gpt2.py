@@ -1,0 +1,51 @@
+"""Configuration of GPT-2 with a Finite Admixture of Shared Heads (SPEC.md §0 and §2)."""
+
+from transformers.models.gpt2.configuration_gpt2 import GPT2Config
+
+from .config_checks import check_choice, check_head_dim, check_int_range
+
+FISH_ATTENTION_TYPES = ("softmax", "fish", "hard_fish", "gfish", "hard_gfish", "mish")
+
+
+class FiSHGPT2Config(GPT2Config):
+    r"""Every [`GPT2Config`] field, plus:
+
+    attention_type (`str`, defaults to `"fish"`):
+        `"softmax"` (stock GPT-2 attention, the baseline); `"fish"` (M global score matrices mixed into the H local
+        heads by learned weights p_kj, plus Gaussian noise sigma_k in training), `"hard_fish"` (no noise),
+        `"gfish"` / `"hard_gfish"` (mixing by a small network M -> H -> H along the head axis, with / without
+        noise), `"mish"` (one mixing vector shared by all local heads, with noise).
+    num_global_heads (`int`, defaults to 2): M, the global query/key heads; 1 <= M < n_head for the FiSH types.
+    head_dim (`int`, *optional*): the fixed head size D of every global and local head; `None` = n_embd / n_head.
+    fish_noise_init (`float`, defaults to 0.1): the initial sigma_k of the noisy types.
+    """
+
+    model_type = "fish-gpt2"
+
+    attention_type: str = "fish"
+    num_global_heads: int = 2
+    head_dim: int | None = None
+    fish_noise_init: float = 0.1
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        check_choice("attention_type", self.attention_type, FISH_ATTENTION_TYPES)
+        check_int_range("n_head", self.n_head, 1)
+        check_head_dim(self.n_embd, self.n_head, self.head_dim)
+        if self.attention_type != "softmax":
+            if self.n_head < 2:
+                raise ValueError(f"attention_type={self.attention_type!r} needs n_head >= 2 local heads; got {self.n_head}")
+            check_int_range("num_global_heads", self.num_global_heads, 1, self.n_head - 1)
+        if not (isinstance(self.fish_noise_init, (int, float)) and self.fish_noise_init >= 0):
+            raise ValueError(f"fish_noise_init must be a number >= 0; got {self.fish_noise_init!r}")
+
+    @property
+    def attention_head_size(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.n_embd // self.n_head
+
+    @property
+    def is_noisy(self) -> bool:
+        return self.attention_type in ("fish", "gfish", "mish")
+
+
+__all__ = ["FiSHGPT2Config"]

@@ -1,0 +1,329 @@
+"""GPT-2 with a Finite Admixture of Shared Heads (FiSHformer, Nguyen et al.) as an ordinary HF model.
+
+M global query/key heads give M score matrices; each of the H local heads attends with a mixture of them
+(SPEC.md §2) over its own value head. Embeddings, MLP, layer norms and the LM head are HF's GPT-2 modules and
+weight names. `c_attn` keeps its name but projects to [Q_1..Q_M, K_1..K_M, V_1..V_H]; a stock GPT-2 checkpoint
+is converted on load (its first M heads become the global Q/K heads). The math lives in `attention_fish.py`.
+Imports: torch, transformers and siblings only (remote code).
+"""
+
+import dataclasses
+import math
+
+import torch
+from torch import nn
+from transformers import initialization as init
+from transformers.cache_utils import DynamicCache
+from transformers.configuration_utils import PreTrainedConfig
+from transformers.generation import GenerationMixin
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPast,
+    CausalLMOutputWithPast,
+    SequenceClassifierOutputWithPast,
+)
+from transformers.modeling_utils import PreTrainedModel
+from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
+from transformers.pytorch_utils import Conv1D
+from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
+from transformers.utils.output_capturing import capture_outputs
+
+from .attention_fish import fish_attention, make_gfish_mixing
+from .configuration_fish_gpt2 import FiSHGPT2Config
+from .modeling_common import (
+    AutoMapMixin,
+    check_sequence_length,
+    classification_loss,
+    padding_mask_from,
+    softmax_attention,
+    wants_attentions,
+)
+
+
+class FiSHGPT2Attention(nn.Module):
+    """Causal self-attention: softmax (H heads, the baseline) or FiSH (M global Q/K heads, H local value heads).
+
+    The KV cache holds what the next tokens need: the M global keys and the H values."""
+
+    def __init__(self, config: FiSHGPT2Config, layer_idx=None):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.attention_type = config.attention_type
+        self.num_heads = config.n_head
+        self.head_dim = config.attention_head_size
+        self.num_qk_heads = self.num_heads if self.attention_type == "softmax" else config.num_global_heads
+        self.scaling = self.head_dim**-0.5 if config.scale_attn_weights else 1.0
+        if config.scale_attn_by_inverse_layer_idx:
+            self.scaling /= float(layer_idx + 1)
+        self.split = (self.num_qk_heads * self.head_dim, self.num_qk_heads * self.head_dim,
+                      self.num_heads * self.head_dim)
+        self.c_attn = Conv1D(sum(self.split), config.n_embd)
+        self.c_proj = Conv1D(config.n_embd, self.num_heads * self.head_dim)
+        self.attn_dropout = nn.Dropout(config.attn_pdrop)
+        self.resid_dropout = nn.Dropout(config.resid_pdrop)
+        m, h = self.num_qk_heads, self.num_heads
+        if self.attention_type in ("fish", "hard_fish"):
+            self.mixing = nn.Parameter(torch.full((m, h), 1.0 / m))  # p_kj
+        elif self.attention_type == "mish":
+            self.mixing = nn.Parameter(torch.full((m, 1), 1.0 / m))  # p_k, shared by all local heads
+        elif self.attention_type in ("gfish", "hard_gfish"):
+            self.mixing = make_gfish_mixing(m, h)
+        if config.is_noisy:
+            self.noise_std = nn.Parameter(torch.full((m,), float(config.fish_noise_init)))  # sigma_k
+
+    def _heads(self, x, n_heads):
+        return x.view(*x.shape[:-1], n_heads, self.head_dim).transpose(1, 2)
+
+    def forward(self, hidden_states, past_key_values=None, attention_mask=None, **kwargs):
+        """attention_mask: bool (B, S_past + N), True = real token, or None."""
+        query, key, value = self.c_attn(hidden_states).split(self.split, dim=-1)
+        query, key = self._heads(query, self.num_qk_heads), self._heads(key, self.num_qk_heads)
+        value = self._heads(value, self.num_heads)
+        if past_key_values is not None:
+            key, value = past_key_values.update(key, value, self.layer_idx)
+        return_weights = wants_attentions(self.config, kwargs)
+        dropout_p = self.attn_dropout.p if self.training else 0.0
+        if self.attention_type == "softmax":
+            out, weights = softmax_attention(query, key, value, attention_mask, True, dropout_p, self.scaling,
+                                             return_weights)
+        else:
+            # Evaluation is deterministic: the noise is a training-time regulariser (SPEC §2).
+            noise = self.noise_std if self.training and hasattr(self, "noise_std") else None
+            res = fish_attention(query, key, value, self.mixing, scale=self.scaling, noise_std=noise,
+                                 attention_mask=attention_mask, is_causal=True, return_weights=return_weights,
+                                 dropout_p=dropout_p)
+            out, weights = res if return_weights else (res, None)
+        out = out.transpose(1, 2).reshape(*hidden_states.shape[:-1], self.num_heads * self.head_dim)
+        return self.resid_dropout(self.c_proj(out)), weights
+
+
+class FiSHGPT2Block(GradientCheckpointingLayer):
+    def __init__(self, config, layer_idx=None):
+        super().__init__()
+        inner = config.n_inner if config.n_inner is not None else 4 * config.n_embd
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.attn = FiSHGPT2Attention(config, layer_idx=layer_idx)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.mlp = GPT2MLP(inner, config)
+
+    def forward(self, hidden_states, past_key_values=None, attention_mask=None, **kwargs):
+        attn_output, _ = self.attn(self.ln_1(hidden_states), past_key_values, attention_mask, **kwargs)
+        hidden_states = hidden_states + attn_output
+        return hidden_states + self.mlp(self.ln_2(hidden_states))
+
+
+class FiSHGPT2PreTrainedModel(AutoMapMixin, PreTrainedModel):
+    config_class = FiSHGPT2Config
+    config: FiSHGPT2Config
+    base_model_prefix = "transformer"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True  # accepted so `attn_implementation="sdpa"` does not fail; `attention_type` decides
+    _no_split_modules = ["FiSHGPT2Block"]
+    _skip_keys_device_placement = ["past_key_values"]
+    _keys_to_ignore_on_load_unexpected = [r"attn\.bias", r"attn\.masked_bias"]  # old GPT-2 checkpoints' buffers
+    _can_record_outputs = {"hidden_states": FiSHGPT2Block, "attentions": FiSHGPT2Attention}
+    _auto_map = {
+        "AutoModel": "FiSHGPT2Model",
+        "AutoModelForCausalLM": "FiSHGPT2LMHeadModel",
+        "AutoModelForSequenceClassification": "FiSHGPT2ForSequenceClassification",
+    }
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        std = self.config.initializer_range
+        if isinstance(module, Conv1D):
+            init.normal_(module.weight, mean=0.0, std=std)
+            init.zeros_(module.bias)
+        if isinstance(module, (FiSHGPT2Attention, GPT2MLP)):
+            # GPT-2's scaled init of the residual projections: 1/sqrt(2 * n_layer).
+            init.normal_(module.c_proj.weight, mean=0.0, std=std / math.sqrt(2 * self.config.n_layer))
+        if isinstance(module, FiSHGPT2Attention):
+            if isinstance(module.mixing if hasattr(module, "mixing") else None, nn.Parameter):
+                # Every local head starts from the mean of the global patterns, slightly perturbed so heads differ.
+                m = module.num_qk_heads
+                init.copy_(module.mixing, torch.full_like(module.mixing, 1.0 / m) + std * torch.randn_like(module.mixing))
+            elif isinstance(getattr(module, "mixing", None), nn.Sequential):
+                # PyTorch's default Linear init: the 0.02-normal init would shrink every mixed score ~100x.
+                for layer in module.mixing:
+                    if isinstance(layer, nn.Linear):
+                        bound = 1.0 / math.sqrt(layer.in_features)
+                        init.uniform_(layer.weight, -bound, bound)
+                        init.uniform_(layer.bias, -bound, bound)
+            if hasattr(module, "noise_std"):
+                init.constant_(module.noise_std, float(self.config.fish_noise_init))
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """As HF's, plus: a stock GPT-2 checkpoint (model_type "gpt2") is converted when FiSH heads are asked for.
+
+        Its embeddings, MLPs, norms, values and output projections are copied; the global Q/K heads are its first
+        M query/key heads. Config fields (attention_type=..., num_global_heads=...) may be passed as keywords."""
+        config_dict, _ = PreTrainedConfig.get_config_dict(pretrained_model_name_or_path,
+                                                          **_hub_kwargs(kwargs))
+        fields = {f.name for f in dataclasses.fields(FiSHGPT2Config)}
+        overrides = {k: kwargs[k] for k in list(kwargs) if k in fields}
+        if config_dict.get("model_type") != "gpt2" or overrides.get("attention_type", "fish") == "softmax":
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        return _from_stock_gpt2(cls, pretrained_model_name_or_path, config_dict, overrides,
+                                {k: v for k, v in kwargs.items() if k not in overrides})
+
+
+def _hub_kwargs(kwargs):
+    keys = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder")
+    return {k: kwargs[k] for k in keys if k in kwargs}
+
+
+def _from_stock_gpt2(cls, path, config_dict, overrides, load_kwargs):
+    from transformers import GPT2LMHeadModel
+
+    stock = GPT2LMHeadModel.from_pretrained(path, **load_kwargs)
+    keep = {f.name for f in dataclasses.fields(FiSHGPT2Config)} - {"model_type", "architectures", "auto_map"}
+    base = {k: v for k, v in stock.config.to_dict().items() if k in keep}
+    config = FiSHGPT2Config(**{**base, **overrides})
+    stock_dim = stock.config.n_embd // stock.config.n_head
+    if config.attention_head_size != stock_dim or config.n_head != stock.config.n_head:
+        raise ValueError(
+            f"cannot convert a GPT-2 checkpoint with {stock.config.n_head} heads of size {stock_dim} into "
+            f"n_head={config.n_head}, head_dim={config.attention_head_size}: keep the checkpoint's heads and size"
+        )
+    model = cls(config)
+    d, md = stock.config.n_embd, config.num_global_heads * stock_dim
+    state = {}
+    for name, tensor in stock.state_dict().items():
+        if name.endswith("attn.c_attn.weight"):  # Conv1D: (in, out), out = [Q | K | V]
+            tensor = torch.cat([tensor[:, :md], tensor[:, d:d + md], tensor[:, 2 * d:]], dim=1)
+        elif name.endswith("attn.c_attn.bias"):
+            tensor = torch.cat([tensor[:md], tensor[d:d + md], tensor[2 * d:]])
+        state[name] = tensor
+    prefix = cls.base_model_prefix + "."
+    if not hasattr(model, cls.base_model_prefix):  # the base model: no "transformer." in its names
+        state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    new_only = ("mixing", "noise_std", "score.weight")
+    if unexpected or any(not any(s in k for s in new_only) for k in missing):
+        raise RuntimeError(f"GPT-2 conversion left unexpected {unexpected} / missing {missing} weights")
+    model.tie_weights()
+    return model.eval()
+
+
+class FiSHGPT2Model(FiSHGPT2PreTrainedModel):
+    def __init__(self, config: FiSHGPT2Config):
+        super().__init__(config)
+        if config.add_cross_attention:
+            raise ValueError("FiSH-GPT2 has no cross-attention: add_cross_attention must be False")
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.n_positions, config.n_embd)
+        self.drop = nn.Dropout(config.embd_pdrop)
+        self.h = nn.ModuleList(FiSHGPT2Block(config, layer_idx=i) for i in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.wte
+
+    def set_input_embeddings(self, new_embeddings):
+        self.wte = new_embeddings
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(self, input_ids=None, past_key_values=None, attention_mask=None, token_type_ids=None,
+                position_ids=None, inputs_embeds=None, use_cache=None, **kwargs):
+        """attention_mask covers the cached and the new tokens (batch, past + new), as `generate()` passes it.
+        With left padding, pass position_ids (generate() derives them from the mask)."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+        if inputs_embeds is None:
+            inputs_embeds = self.wte(input_ids)
+        batch, length = inputs_embeds.shape[:2]
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if position_ids is None:
+            check_sequence_length(past + length, self.config.n_positions)
+            position_ids = torch.arange(past, past + length, device=inputs_embeds.device)[None]
+        elif int(position_ids.max()) >= self.config.n_positions:
+            check_sequence_length(int(position_ids.max()) + 1, self.config.n_positions)
+        hidden_states = inputs_embeds + self.wpe(position_ids)
+        if token_type_ids is not None:
+            hidden_states = hidden_states + self.wte(token_type_ids)
+        hidden_states = self.drop(hidden_states)
+        mask = padding_mask_from(attention_mask, (batch, past + length))
+        cache = past_key_values if not (self.is_gradient_checkpointing and self.training) else None
+        for block in self.h:
+            hidden_states = block(hidden_states, cache, mask, **kwargs)
+        return BaseModelOutputWithPast(last_hidden_state=self.ln_f(hidden_states),
+                                       past_key_values=past_key_values if use_cache else None)
+
+
+class FiSHGPT2LMHeadModel(FiSHGPT2PreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "transformer.wte.weight"}
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.transformer = FiSHGPT2Model(config)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(self, input_ids=None, past_key_values=None, attention_mask=None, token_type_ids=None,
+                position_ids=None, inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
+        """labels are shifted inside (labels = input_ids works). The loss honours Trainer's num_items_in_batch,
+        so gradient accumulation and several processes give the whole batch's token mean."""
+        outputs = self.transformer(input_ids, past_key_values=past_key_values, attention_mask=attention_mask,
+                                   token_type_ids=token_type_ids, position_ids=position_ids,
+                                   inputs_embeds=inputs_embeds, use_cache=use_cache, return_dict=True, **kwargs)
+        hidden_states = outputs.last_hidden_state
+        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
+            hidden_states = hidden_states[:, -logits_to_keep:]
+        logits = self.lm_head(hidden_states)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
+                                      hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+
+
+class FiSHGPT2ForSequenceClassification(FiSHGPT2PreTrainedModel):
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.transformer = FiSHGPT2Model(config)
+        self.score = nn.Linear(config.n_embd, config.num_labels, bias=False)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(self, input_ids=None, past_key_values=None, attention_mask=None, token_type_ids=None,
+                position_ids=None, inputs_embeds=None, labels=None, use_cache=None, **kwargs):
+        """Classifies from the last real token (GPT-2's rule: the rightmost token that is not padding)."""
+        outputs = self.transformer(input_ids, past_key_values=past_key_values, attention_mask=attention_mask,
+                                   token_type_ids=token_type_ids, position_ids=position_ids,
+                                   inputs_embeds=inputs_embeds, use_cache=use_cache, return_dict=True, **kwargs)
+        logits = self.score(outputs.last_hidden_state)
+        batch = logits.shape[0]
+        if attention_mask is not None:
+            positions = torch.arange(attention_mask.shape[-1], device=logits.device)
+            last = (positions * attention_mask.to(logits.device).long()).argmax(-1)
+            last = last - (attention_mask.shape[-1] - logits.shape[1])  # the mask may cover cached tokens
+        elif input_ids is not None and self.config.pad_token_id is not None:
+            positions = torch.arange(input_ids.shape[-1], device=logits.device)
+            last = (positions * (input_ids != self.config.pad_token_id).long()).argmax(-1)
+        elif batch == 1:
+            last = torch.full((1,), logits.shape[1] - 1, device=logits.device)
+        else:
+            raise ValueError("Cannot find the last token of each row: pass attention_mask or set pad_token_id")
+        pooled = logits[torch.arange(batch, device=logits.device), last]
+        loss = None
+        if labels is not None:
+            loss = classification_loss(self.config, pooled, labels, kwargs.get("num_items_in_batch"))
+        return SequenceClassifierOutputWithPast(loss=loss, logits=pooled, past_key_values=outputs.past_key_values,
+                                                hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+
+
+__all__ = [
+    "FiSHGPT2PreTrainedModel",
+    "FiSHGPT2Model",
+    "FiSHGPT2LMHeadModel",
+    "FiSHGPT2ForSequenceClassification",
+]
