@@ -87,10 +87,12 @@ def test_fft_matches_explicit(causal, max_distance):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("max_distance,min_block", [(5, 16), (16, 16), (40, 16), (70, 64), (400, 64)])
-def test_band_matches_explicit(causal, max_distance, min_block, monkeypatch):
-    # Blocks of max(w, min_block): w = 5 → 10 blocks (far triangles over many blocks), w = 400 > N → one block.
-    monkeypatch.setattr(nprf, "BAND_MIN_BLOCK", min_block)
+@pytest.mark.parametrize("max_distance,block", [(1, 16), (5, 16), (17, 16), (18, 16), (40, 16), (70, 64), (400, 64)])
+def test_band_matches_explicit(causal, max_distance, block, monkeypatch):
+    # n = ⌈(w−1)/block⌉ neighbour blocks each side: 0 (w = 1), 1, 1 (the second neighbour starts at offset 17),
+    # 2 (offset 17 < 18 in the second neighbour), 3, 2 (one far block each side at most), 7 (w > N: no far
+    # blocks at all). N = 150 is not a multiple of the block.
+    monkeypatch.setattr(nprf, "BAND_BLOCK", block)
     q, k, v, b, W = make_inputs()
     mask = padding_mask(2, 150)
     kw = dict(max_distance=max_distance, mask=mask, causal=causal)
@@ -190,7 +192,7 @@ def test_no_valid_key_gives_zero_and_finite_gradients():
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_no_rpe_is_plain_linear_attention(path, causal, monkeypatch):
-    monkeypatch.setattr(nprf, "BAND_MIN_BLOCK", 16)
+    monkeypatch.setattr(nprf, "BAND_BLOCK", 16)
     q, k, v, _, W = make_inputs(N=100, dtype=torch.float64)
     mask = padding_mask(2, 100)
     z = attend(path, q, k, v, None, W, mask=mask, causal=causal)
@@ -212,7 +214,7 @@ def test_no_rpe_is_plain_linear_attention(path, causal, monkeypatch):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_unnormalized_prf_matches_its_formula(path, causal, monkeypatch):
-    monkeypatch.setattr(nprf, "BAND_MIN_BLOCK", 8)
+    monkeypatch.setattr(nprf, "BAND_BLOCK", 8)
     N, w = 80, 6
     q, k, v, b, W = make_inputs(N=N, D=8, dtype=torch.float64)
     q, k = 0.7 * q, 0.7 * k  # ‖x‖ ~ 2: large enough to differ from the normalized form, small for exp
@@ -303,7 +305,7 @@ def test_t5_constant_distance_defaults():
 
 @pytest.mark.parametrize("bidirectional", [True, False])
 def test_bucketed_bias_band_equals_unclamped_explicit(bidirectional, monkeypatch):
-    monkeypatch.setattr(nprf, "BAND_MIN_BLOCK", 8)
+    monkeypatch.setattr(nprf, "BAND_BLOCK", 8)
     N, num_buckets, max_distance = 200, 16, 40
     d = t5_constant_distance(bidirectional, num_buckets, max_distance)
     q, k, v, _, W = make_inputs(N=N)
@@ -338,7 +340,7 @@ def test_path_selection_and_auto_result(monkeypatch):
     assert nprf._choose_path(4000, 4000, torch.zeros(1), 3000, False) != "band"
     # The public function picks a fast path by itself and gives the same answer.
     monkeypatch.setattr(nprf, "EXPLICIT_MAX_LEN_BAND", 10)
-    monkeypatch.setattr(nprf, "BAND_MIN_BLOCK", 8)
+    monkeypatch.setattr(nprf, "BAND_BLOCK", 8)
     q, k, v, b, W = make_inputs(N=100)
     z = nprf_attention(q, k, v, b, W, max_distance=8, is_causal=True)
     assert rel(z, attend("explicit", q, k, v, b, W, max_distance=8, causal=True)) <= 1e-5

@@ -250,7 +250,7 @@ class FiSHGPT2Model(FiSHGPT2PreTrainedModel):
             hidden_states = hidden_states + self.wte(token_type_ids)
         hidden_states = self.drop(hidden_states)
         mask = padding_mask_from(attention_mask, (batch, past + length))
-        cache = past_key_values if not (self.is_gradient_checkpointing and self.training) else None
+        cache = past_key_values if not (self.is_activation_checkpointing and self.training) else None
         for block in self.h:
             hidden_states = block(hidden_states, cache, mask, **kwargs)
         return BaseModelOutputWithPast(last_hidden_state=self.ln_f(hidden_states),
