@@ -13,7 +13,7 @@ from trainer_check import train_once
 HERE = os.path.dirname(__file__)
 
 
-@pytest.mark.parametrize("task", ["mlm", "cls"])
+@pytest.mark.parametrize("task", ["mlm", "cls", "clm"])
 def test_gradient_accumulation_matches_the_whole_batch(task, tmp_path):
     loss_full, params_full = train_once(task, per_device_batch=4, accumulation=1, output_dir=str(tmp_path / "a"))
     loss_acc, params_acc = train_once(task, per_device_batch=2, accumulation=2, output_dir=str(tmp_path / "b"))
@@ -24,15 +24,16 @@ def test_gradient_accumulation_matches_the_whole_batch(task, tmp_path):
     assert_close(params_acc1, params_full, rtol=1e-5)
 
 
-def test_two_processes_match_one(tmp_path):
+@pytest.mark.parametrize("task", ["mlm", "clm"])
+def test_two_processes_match_one(task, tmp_path):
     """torchrun with gloo on CPU: 2 processes x batch 1 x accumulation 2 == 1 process x batch 4."""
-    loss_full, params_full = train_once("mlm", per_device_batch=4, accumulation=1, output_dir=str(tmp_path / "a"))
+    loss_full, params_full = train_once(task, per_device_batch=4, accumulation=1, output_dir=str(tmp_path / "a"))
     out = tmp_path / "ddp" / "result.pt"
     out.parent.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.path.join(HERE, "..", "src")}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-         os.path.join(HERE, "trainer_check.py"), "--task", "mlm", "--batch", "1", "--accumulation", "2",
+         os.path.join(HERE, "trainer_check.py"), "--task", task, "--batch", "1", "--accumulation", "2",
          "--out", str(out)],
         env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

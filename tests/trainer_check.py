@@ -30,6 +30,10 @@ class FixedBatch(Dataset):
                 labels = torch.full((N_TOKENS,), -100)
                 labels[:n_masked] = ids[:n_masked]
                 item["labels"] = labels
+            elif task == "clm":  # a causal LM scores n_masked + 1 positions (labels shift inside the model)
+                labels = ids.clone()
+                labels[n_masked + 2:] = -100
+                item["labels"] = labels
             else:
                 item["labels"] = torch.tensor(i % 3)
             self.items.append(item)
@@ -43,6 +47,10 @@ class FixedBatch(Dataset):
 
 def build_model(task):
     torch.manual_seed(0)
+    if task == "clm":  # hard FiSH: noise-free, so the two runs draw no different random numbers
+        return hf_mgk.FiSHGPT2LMHeadModel(hf_mgk.FiSHGPT2Config(
+            vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
+            attn_pdrop=0.0, attention_type="hard_fish", num_global_heads=2))
     cfg = hf_mgk.MGKBertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                intermediate_size=37, max_position_embeddings=64, hidden_dropout_prob=0.0,
                                attention_probs_dropout_prob=0.0, num_labels=3)

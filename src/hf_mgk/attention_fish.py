@@ -1,0 +1,317 @@
+"""FiSH attention: a finite admixture of shared heads, as plain torch functions.
+
+Where the math comes from (papers/fishformer.txt, SPEC.md §2 and §5):
+
+* M global query/key heads give the global attention matrices G_k = Q_k K_k^T (§2.2, Def. 1), scaled by
+  1/sqrt(D) *before* mixing, as the authors' machine-translation code does (SPEC §2).
+* H local heads mix them. FiSH (Eqn. 9, with the "discriminative relaxation" of Remark 3: p_kj are free
+  learned weights):   A_j = sum_k p_kj (G_k + sigma_k eps_jk),  eps ~ N(0, I), training only.
+  Hard FiSH (Eqn. 10): the same without noise.  MiSH (Eqn. 11, Remark 4): one weight vector p_k shared by
+  all local heads.  GFiSH / hard GFiSH (§2.4, Eqn. 12 and the authors' code): a small network
+  Linear(M, H) -> ReLU -> Linear(H, H) applied along the head axis of G + sigma eps.
+* out_j = softmax(A_j + mask) V_j for the H local value heads; masks act on the mixed scores (SPEC §2:
+  a causal mask applied after mixing).
+* fish_cost: the FLOP and parameter counts of App. D, items (i)-(iv).
+
+This file imports only the standard library and torch, so it can be copied next to HuggingFace
+"remote code" model files.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["fish_attention", "fish_attention_reference", "fish_cost", "make_gfish_mixing"]
+
+# The materialised path works on blocks of this many query rows. Measured on the shared 2-core CPU
+# (torch 2.13, one thread, H=8, M=2, D=64, forward+backward): 128 rows beat 32 / 64 / 256 at B=1,
+# N=1024 and 2048, and tied with 64 at B=8, N=512. Smaller blocks lose to per-block overhead (each
+# block's slice of K and V costs a full-size gradient accumulation); one block of N rows streams
+# H*N*S scores through memory (2-4x slower at N=1024-2048). Without autograd it also bounds the
+# memory to B*H*128*S scores.
+_BLOCK_ROWS = 128
+# With gradients, the materialised path keeps about (H + M) * N * S scores per batch item for the
+# backward pass; above this many elements (512 MiB in float32) the fused SDPA path, O(N) memory, is
+# taken instead where it applies, even though it is slower on CPU.
+_SAVED_SCORES_LIMIT = 1 << 27
+
+
+def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, attention_mask=None,
+                   is_causal=False, return_weights=False, dropout_p=0.0, generator=None):
+    """FiSH / hard FiSH / MiSH / (hard) GFiSH attention (SPEC §5), computed on the fastest exact path.
+
+    Args:
+        query: (B, M, N, D), the M global query heads.
+        key: (B, M, S, D), the M global key heads.
+        value: (B, H, S, Dv), the H local value heads.
+        mixing: how local heads are made from global ones:
+            a tensor (M, H) of p_kj (FiSH, hard FiSH);
+            a tensor (M, 1): one weight vector shared by all local heads (MiSH);
+            an nn.Module mapping the last axis from M to H (GFiSH), e.g. ``make_gfish_mixing(M, H)``;
+            it is applied to the scores moved to the last axis, shape (B, N, S, M) -> (B, N, S, H).
+        scale: multiplies G_k = Q_k K_k^T before mixing; default 1/sqrt(D).
+        noise_std: None (no noise, evaluation / hard variants) or a (M,) tensor of sigma_k (training).
+            Noise is drawn here, from ``generator`` if given.
+        attention_mask: bool (B, S), True = real token, or None.
+        is_causal: query i sees keys j <= i + S - N (bottom-right aligned: with a KV cache the N
+            queries are the last N positions), applied after mixing.
+        return_weights: also return the (B, H, N, S) attention probabilities (after dropout).
+        dropout_p: attention dropout on the probabilities (training only; the caller passes 0 in eval).
+        generator: torch.Generator for the FiSH noise, so runs can be reproduced.
+
+    Returns:
+        out (B, H, N, Dv), and with ``return_weights`` also the weights (B, H, N, S).
+        Query rows that see no key at all (all keys padded) get zero weights and a zero output.
+
+    Path rule (both paths are exact; the rule is only about speed and memory):
+    the fused SDPA call (_fused_attention: H heads of query/key size M*D, O(N) memory) is used for a
+    (M, H) mixing tensor with H > 1, no noise, no dropout and no weights requested, and then only
+    off the CPU, or on the CPU when autograd would otherwise keep more than _SAVED_SCORES_LIMIT
+    scores. Everything else takes the materialised formula in blocks of query rows
+    (_blocked_attention): on the CPU it beat the fused call by 1.3-2x forward+backward at N=256-1024
+    (H=8, M=2, D=64; forward only they were about even at N=1024), since it computes M score
+    matrices instead of H over M*D-wide heads. MiSH without noise computes its one shared attention
+    matrix once and broadcasts it over the H value heads.
+    """
+    B, M, N, D, S, H, Dv = _check_shapes(query, key, value, mixing, noise_std, attention_mask)
+    scale = D ** -0.5 if scale is None else float(scale)
+    fusable = (isinstance(mixing, torch.Tensor) and mixing.shape[1] > 1 and noise_std is None
+               and dropout_p == 0.0 and not return_weights)
+    if fusable and (query.device.type != "cpu"
+                    or _saved_scores(query, key, value, mixing) > _SAVED_SCORES_LIMIT):
+        return _fused_attention(query, key, value, mixing, scale, attention_mask, is_causal)
+    eps = _draw_noise(query, mixing, noise_std, H, S, generator)
+    out, weights = _blocked_attention(query, key, value, mixing, scale, noise_std, eps, attention_mask,
+                                      is_causal, dropout_p, return_weights)
+    return (out, weights) if return_weights else out
+
+
+def fish_attention_reference(query, key, value, mixing, *, scale=None, noise_std=None,
+                             attention_mask=None, is_causal=False, return_weights=False, dropout_p=0.0,
+                             generator=None):
+    """The plain N x S formula of fish_attention, in one piece: the reference the fast paths are tested
+    against. Same arguments and results; with the same ``generator`` state it draws the same noise."""
+    B, M, N, D, S, H, Dv = _check_shapes(query, key, value, mixing, noise_std, attention_mask)
+    scale = D ** -0.5 if scale is None else float(scale)
+    eps = _draw_noise(query, mixing, noise_std, H, S, generator)
+    out, weights = _materialised(query, key, value, mixing, scale, noise_std, eps, attention_mask,
+                                 S - N if is_causal else None, dropout_p)
+    weights = weights.expand(B, H, N, S)
+    return (out, weights) if return_weights else out
+
+
+def _materialised(query, key, value, mixing, scale, noise_std, eps, attention_mask, causal_offset,
+                  dropout_p):
+    """The formula itself (module docstring); returns out (B, H, N, Dv) and weights (B, H or 1, N, S).
+    causal_offset: None, or query i sees keys j <= i + causal_offset (S - N for a whole sequence)."""
+    B, M, N, _ = query.shape
+    S = key.shape[2]
+    g = torch.matmul(query * scale, key.transpose(-1, -2))  # (B, M, N, S): the global G_k, scaled
+    if isinstance(mixing, nn.Module):
+        if noise_std is not None:  # GFiSH: the noise goes into the network's input
+            g = g + noise_std.to(g.dtype)[:, None, None] * eps
+        scores = mixing(g.movedim(1, -1)).movedim(-1, 1)  # (B, H, N, S)
+    else:
+        p = mixing.to(g.dtype)
+        # A_j = sum_k p_kj G_k as one matmul over the head axis: (H, M) @ (B, M, N*S).
+        # MiSH (p of shape (M, 1)) gives one shared matrix (B, 1, N, S), broadcast over V's heads below.
+        scores = torch.matmul(p.t(), g.flatten(2)).unflatten(2, (N, S))
+        if noise_std is not None:
+            # sum_k p_kj sigma_k eps_jk with independent eps_jk ~ N(0, 1) is exactly N(0, sum_k p_kj^2
+            # sigma_k^2) per element and independent over j, so one draw per local head scaled by that
+            # std is the same distribution, costs H*N*S instead of H*M*N*S random numbers, and keeps
+            # gradients to p and sigma (reparameterisation, Eqn. 9). vector_norm has a zero gradient
+            # (not NaN) where the std is 0, e.g. sigma initialised to 0.
+            std = torch.linalg.vector_norm(p * noise_std.to(g.dtype)[:, None], dim=0)  # (H,)
+            scores = scores + std[:, None, None] * eps
+    visible, empty = _visible(N, S, attention_mask, causal_offset, query.device)
+    if visible is not None:
+        scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
+    # softmax in float32 even when the scores are bf16/fp16 (as HF's eager attention does)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    if empty is not None:
+        weights = weights.masked_fill(empty, 0.0)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)
+    return torch.matmul(weights, value), weights
+
+
+def _blocked_attention(query, key, value, mixing, scale, noise_std, eps, attention_mask, is_causal,
+                       dropout_p, return_weights):
+    """_materialised on blocks of _BLOCK_ROWS query rows. With is_causal, the keys after the last one
+    a block can see are cut off instead of masked, which skips about half the work; the block's causal
+    offset keeps row i (of the whole call) seeing keys j <= i + S - N."""
+    B, M, N, _ = query.shape
+    S = key.shape[2]
+    H = value.shape[1]
+    rows = _BLOCK_ROWS
+    outs, weights = [], []
+    for start in range(0, N, rows):
+        stop = min(N, start + rows)
+        end = min(S, max(1, stop + S - N)) if is_causal else S
+        out, w = _materialised(
+            query[:, :, start:stop], key[:, :, :end], value[:, :, :end], mixing, scale, noise_std,
+            None if eps is None else eps[:, :, start:stop, :end],
+            None if attention_mask is None else attention_mask[:, :end],
+            start + S - N if is_causal else None, dropout_p)
+        outs.append(out)
+        if return_weights:
+            weights.append(F.pad(w.expand(B, H, stop - start, end), (0, S - end)))
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+    if not return_weights:
+        return out, None
+    return out, (weights[0] if len(weights) == 1 else torch.cat(weights, dim=2))
+
+
+def _fused_attention(query, key, value, p, scale, attention_mask, is_causal):
+    """Linear mixing without noise as one scaled_dot_product_attention call.
+
+    A_j = sum_k p_kj scale Q_k K_k^T = concat_k(p_kj scale Q_k) @ concat_k(K_k)^T, so local head j is
+    ordinary attention with query head size M*D; the key is the same for all local heads (an expand, no
+    copy). PyTorch's CPU flash kernel runs only when q/k and v have one head size (otherwise a 4-5x
+    slower math path, SPEC §4), so the smaller side is padded with zeros, which changes no dot product,
+    and the output is sliced back to Dv.
+    """
+    B, M, N, D = query.shape
+    S = key.shape[2]
+    H = p.shape[1]
+    Dv = value.shape[-1]
+    w = (p * scale).t().to(query.dtype)  # (H, M)
+    q = (query.unsqueeze(1) * w[:, :, None, None]).transpose(2, 3).reshape(B, H, N, M * D)
+    k = key.transpose(1, 2).reshape(B, 1, S, M * D)
+    size = max(M * D, Dv)
+    if size > M * D:
+        q, k = F.pad(q, (0, size - M * D)), F.pad(k, (0, size - M * D))
+    v = F.pad(value, (0, size - Dv)) if size > Dv else value
+    k = k.expand(B, H, S, size)
+    visible = empty = None
+    if attention_mask is not None or (is_causal and N != S and N > 1):
+        visible, empty = _visible(N, S, attention_mask, S - N if is_causal else None, query.device)
+    # SDPA's own is_causal is top-left aligned: use it only where that equals bottom-right (N == S).
+    # A single query (N = 1, bottom-right aligned) sees every key, so needs no causal mask at all.
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=1.0,
+                                         is_causal=is_causal and N == S and visible is None)
+    out = out[..., :Dv] if size > Dv else out
+    return out if empty is None else out.masked_fill(empty, 0.0)
+
+
+def _saved_scores(query, key, value, mixing):
+    """How many scores the materialised path would keep for the backward pass (0 without autograd)."""
+    tensors = [query, key, value, mixing]
+    if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
+        return 0
+    B, M, N, _ = query.shape
+    return B * (value.shape[1] + M) * N * key.shape[2]
+
+
+def _visible(N, S, attention_mask, causal_offset, device):
+    """Which keys each query may see: (visible, empty).
+
+    visible: bool (B or 1, 1, N, S), True where query i may see key j, or None when all keys are
+    visible. empty: bool (B or 1, 1, N, 1), True on rows that see no key at all, or None if there are
+    none; those rows are opened to every key here (so no path ever computes a softmax over nothing,
+    which is NaN, and NaN gradients, on some backends) and their output is set to zero by the caller.
+    """
+    visible = None
+    if causal_offset is not None:
+        # j - i <= causal_offset; S - N for a whole sequence: bottom-right aligned
+        visible = torch.ones(N, S, dtype=torch.bool, device=device).tril(causal_offset)[None, None]
+    if attention_mask is not None:
+        pad = attention_mask[:, None, None, :].to(torch.bool)
+        visible = pad if visible is None else visible & pad
+    if visible is None:
+        return None, None
+    empty = ~visible.any(dim=-1, keepdim=True)
+    if not bool(empty.any()):
+        return visible, None
+    return visible | empty, empty
+
+
+def _draw_noise(query, mixing, noise_std, H, S, generator):
+    """eps ~ N(0, 1), drawn once for the whole call so every path sees the same numbers:
+    (B, M, N, S) for a network (noise on G), (B, H, N, S) for linear mixing (one draw per local head)."""
+    if noise_std is None:
+        return None
+    B, M, N, _ = query.shape
+    heads = M if isinstance(mixing, nn.Module) else H
+    return torch.randn((B, heads, N, S), generator=generator, device=query.device, dtype=query.dtype)
+
+
+def _check_shapes(query, key, value, mixing, noise_std, attention_mask):
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        raise ValueError("query (B, M, N, D), key (B, M, S, D) and value (B, H, S, Dv) must be 4-d")
+    B, M, N, D = query.shape
+    _, H, S, Dv = value.shape
+    if key.shape != (B, M, S, D):
+        raise ValueError(f"key must be (B, M, S, D) = {(B, M, S, D)}, got {tuple(key.shape)}")
+    if value.shape[0] != B:
+        raise ValueError(f"value batch {value.shape[0]} != query batch {B}")
+    if isinstance(mixing, torch.Tensor):
+        if mixing.dim() != 2 or mixing.shape[0] != M or mixing.shape[1] not in (1, H):
+            raise ValueError(f"mixing tensor must be (M, H) = ({M}, {H}) or (M, 1), "
+                             f"got {tuple(mixing.shape)}")
+    elif not isinstance(mixing, nn.Module):
+        raise TypeError("mixing must be a tensor (M, H) / (M, 1) or an nn.Module mapping M -> H")
+    if noise_std is not None and tuple(noise_std.shape) != (M,):
+        raise ValueError(f"noise_std must be (M,) = ({M},), got {tuple(noise_std.shape)}")
+    if attention_mask is not None and tuple(attention_mask.shape) != (B, S):
+        raise ValueError(f"attention_mask must be bool (B, S) = {(B, S)}, got {tuple(attention_mask.shape)}")
+    return B, M, N, D, S, H, Dv
+
+
+def make_gfish_mixing(num_global_heads, num_heads):
+    """The GFiSH network of the authors' code: Linear(M, H) -> ReLU -> Linear(H, H), PyTorch default
+    init, applied along the head axis (pass it as ``mixing``)."""
+    return nn.Sequential(nn.Linear(num_global_heads, num_heads), nn.ReLU(),
+                         nn.Linear(num_heads, num_heads))
+
+
+def fish_cost(d_model, num_heads, num_global_heads, head_dim, seq_len, *, variant="fish"):
+    """FLOPs and parameters of the attention-matrix part of one layer, App. D of the FiSH paper.
+
+    Notation of App. D: D_x = d_model, D = head_dim, H local heads, M global heads, N = seq_len.
+    A matrix product (m x k)(k x n) counts m*n*(2k-1) operations (k multiplications, k-1 additions
+    per entry); softmax, the product with V and the output projection are left out (they are the same
+    for both models), and projections have no bias.
+
+        (i)   H-head attention FLOPs    N^2 H (2D-1) + 2 N H D (2 D_x - 1)
+        (ii)  FiSH FLOPs                N^2 M (2D-1) + 2 N M D (2 D_x - 1) + H (2M-1) N^2 + M N^2
+                                        = [2 (D+H) M - H] N^2 + 2 N M D (2 D_x - 1)
+              saving (i) - (ii)         [2 (H-M) D - 2 M H] N^2 + 2 (H-M) D (2 D_x - 1) N
+        (iii) H-head attention params   2 H D D_x
+        (iv)  FiSH params               2 M D D_x + H M + M          (p_kj and sigma_k)
+              saving (iii) - (iv)       2 (H-M) D D_x - H M - M
+
+    ``variant="fish"`` is App. D exactly. The others change only the mixing and noise terms, counted
+    the same way (these are ours, not the paper's):
+        hard_fish   no noise: minus M N^2 FLOPs and the M sigma_k;
+        mish        p_k shared by all local heads: one mixed matrix, (2M-1) N^2 instead of
+                    H (2M-1) N^2, and M mixing weights instead of H M (the noise is counted as
+                    M N^2, as App. D does for fish);
+        gfish       Linear(M, H) + bias, ReLU (not counted, like softmax), Linear(H, H) + bias:
+                    H (2M-1) N^2 + H N^2 + H (2H-1) N^2 + H N^2 FLOPs, H M + H + H^2 + H weights;
+        hard_gfish  gfish without noise.
+
+    Returns a dict: mha_flops, fish_flops, flops_saved, mha_params, fish_params, params_saved.
+    """
+    Dx, H, M, D, N = d_model, num_heads, num_global_heads, head_dim, seq_len
+    if variant not in ("fish", "hard_fish", "mish", "gfish", "hard_gfish"):
+        raise ValueError(f"unknown variant {variant!r}")
+    noise = not variant.startswith("hard")
+    mha_flops = N * N * H * (2 * D - 1) + 2 * N * H * D * (2 * Dx - 1)  # (i)
+    mha_params = 2 * H * D * Dx  # (iii)
+    global_flops = N * N * M * (2 * D - 1) + 2 * N * M * D * (2 * Dx - 1)  # the M global matrices
+    global_params = 2 * M * D * Dx
+    if variant in ("gfish", "hard_gfish"):
+        mix_flops = (H * (2 * M - 1) + H + H * (2 * H - 1) + H) * N * N
+        mix_params = H * M + H + H * H + H
+    else:
+        local = 1 if variant == "mish" else H
+        mix_flops = local * (2 * M - 1) * N * N
+        mix_params = local * M
+    fish_flops = global_flops + mix_flops + (M * N * N if noise else 0)  # (ii) for "fish"
+    fish_params = global_params + mix_params + (M if noise else 0)  # (iv) for "fish"
+    return {
+        "mha_flops": mha_flops, "fish_flops": fish_flops, "flops_saved": mha_flops - fish_flops,
+        "mha_params": mha_params, "fish_params": fish_params, "params_saved": mha_params - fish_params,
+    }

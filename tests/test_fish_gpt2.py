@@ -1,0 +1,252 @@
+"""FiSH-GPT2 as an HF model: config checks, GPT-2 parity, causality, cached generation, saving, noise, sizes."""
+
+import json
+import os
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+
+from conftest import assert_close
+from hf_mgk import FiSHGPT2Config, FiSHGPT2ForSequenceClassification, FiSHGPT2LMHeadModel, FiSHGPT2Model
+from hf_mgk.attention_fish import fish_cost
+from hf_mgk.hub import run_without_package
+
+TINY = dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
+            attn_pdrop=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+TYPES = ["fish", "hard_fish", "gfish", "hard_gfish", "mish", "softmax"]
+
+
+def tiny(**kw):
+    return FiSHGPT2Config(**{**TINY, **kw})
+
+
+def left_padded(b=3, n=9, pad=(0, 3, 5)):
+    ids = torch.randint(3, 99, (b, n))
+    mask = torch.ones(b, n, dtype=torch.long)
+    for row, p in enumerate(pad[:b]):
+        mask[row, :p] = 0
+        ids[row, :p] = 0
+    return ids, mask
+
+
+def positions(mask):
+    return (mask.cumsum(-1) - 1).clamp_min(0)
+
+
+@pytest.mark.parametrize("kw,field", [
+    (dict(attention_type="fishy"), "attention_type"), (dict(num_global_heads=4), "num_global_heads"),
+    (dict(num_global_heads=0), "num_global_heads"), (dict(head_dim=-1), "head_dim"),
+    (dict(n_head=5), "hidden_size|n_embd"), (dict(fish_noise_init=-1.0), "fish_noise_init"),
+])
+def test_bad_config_raises_naming_the_field(kw, field):
+    with pytest.raises(ValueError, match=field):
+        tiny(**kw)
+
+
+def test_softmax_reproduces_gpt2_logits_and_generation():
+    gpt2 = GPT2LMHeadModel(GPT2Config(**TINY)).eval()
+    ours = FiSHGPT2LMHeadModel(tiny(attention_type="softmax")).eval()
+    missing, unexpected = ours.load_state_dict(gpt2.state_dict(), strict=False)
+    assert not missing and not unexpected
+    ids, mask = left_padded()
+    ref = gpt2(ids, attention_mask=mask, position_ids=positions(mask), labels=ids)
+    out = ours(ids, attention_mask=mask, position_ids=positions(mask), labels=ids)
+    real = mask.bool()
+    assert_close(out.logits[real], ref.logits[real], rtol=1e-6)
+    assert_close(out.loss, ref.loss, rtol=1e-6)
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(ours.generate(ids, **kw), gpt2.generate(ids, **kw))
+
+
+@pytest.mark.parametrize("attention_type", TYPES)
+def test_no_causal_leak(attention_type):
+    model = FiSHGPT2LMHeadModel(tiny(attention_type=attention_type)).eval()
+    ids = torch.randint(3, 99, (2, 12))
+    base = model(ids).logits
+    for t in (0, 5, 10):
+        changed = ids.clone()
+        changed[:, t + 1:] = torch.randint(3, 99, changed[:, t + 1:].shape)
+        out = model(changed).logits
+        assert_close(out[:, :t + 1], base[:, :t + 1], rtol=1e-6, msg=f"leak at t={t}")
+        assert (out[:, t + 1:] - base[:, t + 1:]).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("attention_type", TYPES)
+def test_cached_generation_equals_the_uncached_forward_with_left_padding(attention_type):
+    model = FiSHGPT2LMHeadModel(tiny(attention_type=attention_type)).eval()
+    ids, mask = left_padded()
+    generated = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    # token by token without a cache: the whole prefix each time
+    seq, seq_mask = ids, mask
+    for step in range(6):
+        logits = model(seq, attention_mask=seq_mask, position_ids=positions(seq_mask), use_cache=False).logits
+        nxt = logits[:, -1].argmax(-1, keepdim=True)
+        assert torch.equal(nxt[:, 0], generated[:, ids.shape[1] + step]), f"step {step}"
+        seq, seq_mask = torch.cat([seq, nxt], 1), torch.cat([seq_mask, torch.ones_like(nxt)], 1)
+    # the cache itself holds M global keys and H values per layer
+    out = model(ids, attention_mask=mask, position_ids=positions(mask), use_cache=True)
+    layer = out.past_key_values.layers[0]
+    heads_qk = model.config.n_head if attention_type == "softmax" else model.config.num_global_heads
+    assert layer.keys.shape[1] == heads_qk and layer.values.shape[1] == model.config.n_head
+    # and logits with the cache equal logits without it, for a multi-token continuation
+    more = torch.randint(3, 99, (3, 3))
+    full_mask = torch.cat([mask, torch.ones_like(more)], 1)
+    cached = model(more, past_key_values=out.past_key_values, attention_mask=full_mask,
+                   position_ids=positions(full_mask)[:, -3:]).logits
+    uncached = model(torch.cat([ids, more], 1), attention_mask=full_mask, position_ids=positions(full_mask)).logits
+    assert_close(cached, uncached[:, -3:], rtol=1e-5)
+
+
+@pytest.mark.parametrize("attention_type", ["fish", "hard_gfish"])
+def test_sampling_with_cache_matches_sampling_without(attention_type):
+    model = FiSHGPT2LMHeadModel(tiny(attention_type=attention_type)).eval()
+    ids, mask = left_padded()
+    runs = []
+    for use_cache in (True, False):
+        torch.manual_seed(123)
+        runs.append(model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=True, top_k=20,
+                                   pad_token_id=0, use_cache=use_cache))
+    assert torch.equal(runs[0], runs[1])
+    torch.manual_seed(124)
+    other = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=True, top_k=20, pad_token_id=0)
+    assert not torch.equal(other, runs[0])  # it really samples
+
+
+@pytest.mark.parametrize("attention_type", ["fish", "gfish", "mish"])
+def test_noise_in_training_only_and_sigma_learns(attention_type):
+    model = FiSHGPT2LMHeadModel(tiny(attention_type=attention_type))
+    ids = torch.randint(3, 99, (2, 10))
+    model.eval()
+    a, b = model(ids).logits, model(ids).logits
+    assert torch.equal(a, b)  # evaluation is deterministic
+    model.train()
+    c, d = model(ids).logits, model(ids).logits
+    assert (c - d).abs().max() > 1e-5  # the noise changes the scores in training
+    _, weights = model.transformer.h[0].attn(model.transformer.wte(ids), output_attentions=True)
+    _, weights2 = model.transformer.h[0].attn(model.transformer.wte(ids), output_attentions=True)
+    assert (weights - weights2).abs().max() > 1e-6
+    model(ids, labels=ids).loss.backward()
+    sigma = model.transformer.h[0].attn.noise_std
+    assert sigma.grad is not None and sigma.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("attention_type", ["hard_fish", "hard_gfish"])
+def test_hard_types_have_no_noise(attention_type):
+    model = FiSHGPT2LMHeadModel(tiny(attention_type=attention_type)).train()
+    assert not hasattr(model.transformer.h[0].attn, "noise_std")
+    ids = torch.randint(3, 99, (2, 10))
+    assert torch.equal(model(ids).logits, model(ids).logits)
+
+
+@pytest.mark.parametrize("attention_type", ["fish", "hard_fish", "mish", "gfish", "hard_gfish"])
+def test_attention_parameters_match_app_d(attention_type):
+    """App. D.2: Q/K projections of M global heads plus the mixing weights (and sigma for noisy types)."""
+    n_embd, n_head, m, head_dim = 64, 8, 2, 16
+    config = tiny(attention_type=attention_type, n_embd=n_embd, n_head=n_head, num_global_heads=m,
+                  head_dim=head_dim)
+    attn = FiSHGPT2Model(config).h[0].attn
+    qk_weights = attn.c_attn.weight[:, : 2 * m * head_dim].numel()  # Conv1D (in, out); out = [Q | K | V]
+    mixing = sum(p.numel() for p in attn.mixing.parameters()) if isinstance(attn.mixing, torch.nn.Module) \
+        and not isinstance(attn.mixing, torch.nn.Parameter) else attn.mixing.numel()
+    noise = attn.noise_std.numel() if hasattr(attn, "noise_std") else 0
+    cost = fish_cost(n_embd, n_head, m, head_dim, 128, variant=attention_type)
+    assert qk_weights + mixing + noise == cost["fish_params"]
+    baseline = FiSHGPT2Model(tiny(attention_type="softmax", n_embd=n_embd, n_head=n_head, head_dim=head_dim))
+    assert baseline.h[0].attn.c_attn.weight[:, : 2 * n_head * head_dim].numel() == cost["mha_params"]
+    # and the whole layer really is smaller by that much (biases of the dropped Q/K heads on top)
+    saved = sum(p.numel() for p in baseline.h[0].attn.parameters()) - sum(p.numel() for p in attn.parameters())
+    assert saved == cost["params_saved"] + 2 * (n_head - m) * head_dim
+
+
+def _tiny_stock_gpt2(tmp_path):
+    stock = GPT2LMHeadModel(GPT2Config(**TINY)).eval()
+    stock.save_pretrained(tmp_path / "gpt2")
+    return stock, tmp_path / "gpt2"
+
+
+def test_stock_gpt2_checkpoint_converts(tmp_path):
+    stock, folder = _tiny_stock_gpt2(tmp_path)
+    ids, mask = left_padded()
+    same = FiSHGPT2LMHeadModel.from_pretrained(folder, attention_type="softmax").eval()
+    assert_close(same(ids).logits, stock(ids).logits, rtol=1e-6)
+    fish = FiSHGPT2LMHeadModel.from_pretrained(folder, attention_type="hard_fish", num_global_heads=2)
+    assert fish.config.attention_type == "hard_fish" and fish.config.num_global_heads == 2
+    d, md = 32, 2 * 8
+    w_stock = stock.transformer.h[1].attn.c_attn.weight
+    w = fish.transformer.h[1].attn.c_attn.weight
+    assert torch.equal(w[:, :md], w_stock[:, :md])  # Q of the first M heads
+    assert torch.equal(w[:, md:2 * md], w_stock[:, d:d + md])  # K of the first M heads
+    assert torch.equal(w[:, 2 * md:], w_stock[:, 2 * d:])  # all H values
+    assert torch.equal(fish.transformer.h[1].mlp.c_fc.weight, stock.transformer.h[1].mlp.c_fc.weight)
+    assert fish.lm_head.weight.data_ptr() == fish.transformer.wte.weight.data_ptr()
+    base = FiSHGPT2Model.from_pretrained(folder, attention_type="fish")
+    assert torch.equal(base.wte.weight, stock.transformer.wte.weight)
+    with pytest.raises(ValueError, match="cannot convert"):
+        FiSHGPT2LMHeadModel.from_pretrained(folder, attention_type="fish", head_dim=4)
+
+
+def test_sequence_classification_uses_the_last_real_token():
+    model = FiSHGPT2ForSequenceClassification(tiny(num_labels=3)).eval()
+    ids, mask = left_padded(pad=(0, 0, 0))
+    mask[1, 6:] = 0  # right padding in row 1
+    out = model(ids, attention_mask=mask, labels=torch.tensor([0, 1, 2]))
+    alone = model(ids[1:2, :6]).logits
+    assert_close(out.logits[1:2], alone, rtol=1e-5)
+    assert out.loss is not None and torch.isfinite(out.loss)
+
+
+def test_gradient_checkpointing_same_gradients():
+    ids = torch.randint(3, 99, (2, 10))
+    grads = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = FiSHGPT2LMHeadModel(tiny(attention_type="hard_gfish")).train()
+        if checkpointing:
+            model.activation_checkpointing_enable()
+        model(ids, labels=ids).loss.backward()
+        grads.append({k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None})
+    for k in grads[0]:
+        assert_close(grads[1][k], grads[0][k], rtol=1e-5, msg=k)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_stays_finite(dtype):
+    model = FiSHGPT2LMHeadModel(tiny(attention_type="fish")).train()
+    ids = torch.randint(3, 99, (2, 16))
+    with torch.autocast("cpu", dtype=dtype):
+        out = model(ids, labels=ids)
+    assert torch.isfinite(out.logits.float()).all() and torch.isfinite(out.loss)
+
+
+def test_too_long_input_is_refused_clearly():
+    model = FiSHGPT2Model(tiny())
+    with pytest.raises(ValueError, match="n_positions|max_position_embeddings"):
+        model(torch.randint(3, 99, (1, 65)))
+
+
+def test_remote_code_without_hf_mgk_gives_identical_logits_and_text(tmp_path):
+    model = FiSHGPT2LMHeadModel(tiny(attention_type="gfish")).eval()
+    folder = tmp_path / "fish"
+    model.save_pretrained(folder)
+    auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
+    assert set(auto_map) == {"AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoModelForSequenceClassification"}
+    assert {"modeling_fish_gpt2.py", "attention_fish.py", "configuration_fish_gpt2.py"} <= set(os.listdir(folder))
+    assert isinstance(AutoModelForCausalLM.from_pretrained(folder), FiSHGPT2LMHeadModel)
+    ids, mask = left_padded()
+    logits = model(ids, attention_mask=mask, position_ids=positions(mask)).logits
+    text = model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    torch.save({"ids": ids, "mask": mask}, tmp_path / "inputs.pt")
+    got = run_without_package(f"""
+        import json, torch, transformers
+        x = torch.load("inputs.pt")
+        m = transformers.AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code=True).eval()
+        pos = (x["mask"].cumsum(-1) - 1).clamp_min(0)
+        logits = m(x["ids"], attention_mask=x["mask"], position_ids=pos).logits
+        text = m.generate(x["ids"], attention_mask=x["mask"], max_new_tokens=5, do_sample=False, pad_token_id=0)
+        torch.save(logits, "logits.pt")
+        print(json.dumps({{"module": type(m).__module__, "text": text.tolist()}}))
+    """, cwd=str(tmp_path))
+    assert got["module"].startswith("transformers_modules")
+    assert torch.equal(torch.load(tmp_path / "logits.pt"), logits)
+    assert got["text"] == text.tolist()
