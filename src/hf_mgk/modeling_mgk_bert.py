@@ -11,7 +11,6 @@ import math
 import torch
 from torch import nn
 from transformers import initialization as init
-from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPoolingAndCrossAttentions,
     MaskedLMOutput,
@@ -22,13 +21,10 @@ from transformers.modeling_outputs import (
 from transformers.modeling_utils import PreTrainedModel
 from transformers.models.bert.modeling_bert import (
     BertEmbeddings,
-    BertIntermediate,
     BertLMPredictionHead,
     BertOnlyMLMHead,
-    BertOutput,
     BertPooler,
 )
-from transformers.pytorch_utils import apply_chunking_to_forward
 from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
@@ -42,6 +38,7 @@ from .modeling_common import (
     softmax_attention,
     wants_attentions,
 )
+from .modeling_encoder import Encoder, EncoderLayer
 
 
 class MGKBertSelfAttention(nn.Module):
@@ -133,65 +130,14 @@ class MGKBertSelfAttention(nn.Module):
         return out, weights
 
 
-class MGKBertSelfOutput(nn.Module):
-    """BERT's attention output block; the projection maps H * head_dim (not necessarily hidden_size) back."""
-
-    def __init__(self, config):
-        super().__init__()
-        self.dense = nn.Linear(config.num_attention_heads * config.attention_head_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-    def forward(self, hidden_states, input_tensor):
-        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + input_tensor)
-
-
-class MGKBertAttention(nn.Module):
-    def __init__(self, config, layer_idx=None):
-        super().__init__()
-        self.self = MGKBertSelfAttention(config, layer_idx=layer_idx)
-        self.output = MGKBertSelfOutput(config)
-
-    def forward(self, hidden_states, attention_mask=None, **kwargs):
-        attention_output, weights = self.self(hidden_states, attention_mask, **kwargs)
-        return self.output(attention_output, hidden_states), weights
-
-
-class MGKBertLayer(GradientCheckpointingLayer):
-    def __init__(self, config, layer_idx=None):
-        super().__init__()
-        self.chunk_size_feed_forward = config.chunk_size_feed_forward
-        self.attention = MGKBertAttention(config, layer_idx=layer_idx)
-        self.intermediate = BertIntermediate(config)
-        self.output = BertOutput(config)
-
-    def forward(self, hidden_states, attention_mask=None, **kwargs):
-        attention_output, _ = self.attention(hidden_states, attention_mask, **kwargs)
-        return apply_chunking_to_forward(self.feed_forward_chunk, self.chunk_size_feed_forward, 1, attention_output)
-
-    def feed_forward_chunk(self, attention_output):
-        return self.output(self.intermediate(attention_output), attention_output)
-
-
-class MGKBertEncoder(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.layer = nn.ModuleList(MGKBertLayer(config, layer_idx=i) for i in range(config.num_hidden_layers))
-
-    def forward(self, hidden_states, attention_mask=None, **kwargs):
-        for layer in self.layer:
-            hidden_states = layer(hidden_states, attention_mask, **kwargs)
-        return hidden_states
-
-
 class MGKBertPreTrainedModel(AutoMapMixin, PreTrainedModel):
     config_class = MGKBertConfig
     config: MGKBertConfig
     base_model_prefix = "bert"
     supports_gradient_checkpointing = True
     _supports_sdpa = True  # accepted so `attn_implementation="sdpa"` does not fail; `attention_type` decides
-    _no_split_modules = ["BertEmbeddings", "MGKBertLayer"]
-    _can_record_outputs = {"hidden_states": MGKBertLayer, "attentions": MGKBertSelfAttention}
+    _no_split_modules = ["BertEmbeddings", "EncoderLayer"]
+    _can_record_outputs = {"hidden_states": EncoderLayer, "attentions": MGKBertSelfAttention}
     _auto_map = {
         "AutoModel": "MGKBertModel",
         "AutoModelForMaskedLM": "MGKBertForMaskedLM",
@@ -240,7 +186,7 @@ class MGKBertModel(MGKBertPreTrainedModel):
         if config.add_cross_attention:
             raise ValueError("MGK-BERT has no cross-attention: add_cross_attention must be False")
         self.embeddings = BertEmbeddings(config)
-        self.encoder = MGKBertEncoder(config)
+        self.encoder = Encoder(config, MGKBertSelfAttention)
         self.pooler = BertPooler(config) if add_pooling_layer else None
         self.post_init()
 
