@@ -329,21 +329,33 @@ def test_bucketed_bias_band_equals_unclamped_explicit(bidirectional, monkeypatch
 # API details.
 
 def test_path_selection_and_auto_result(monkeypatch):
-    assert nprf._choose_path(64, 64, torch.zeros(1, 127), 10, True) == "explicit"
-    assert nprf._choose_path(nprf.EXPLICIT_MAX_LEN_BAND + 1000, nprf.EXPLICIT_MAX_LEN_BAND + 1000,
-                             torch.zeros(1), 10, False) == "band"
-    assert nprf._choose_path(nprf.EXPLICIT_MAX_LEN_FFT + 1, nprf.EXPLICIT_MAX_LEN_FFT + 1,
-                             torch.zeros(1), None, False) == "fft"
-    assert nprf._choose_path(nprf.EXPLICIT_MAX_LEN_FFT, nprf.EXPLICIT_MAX_LEN_FFT,
-                             torch.zeros(1), None, False) == "explicit"
-    # Huge max_distance: the band would be wider than the sequence.
-    assert nprf._choose_path(4000, 4000, torch.zeros(1), 3000, False) != "band"
+    zeros = torch.zeros(1)
+    assert nprf._choose_path(1, 64, 64, zeros, 10, True) == "explicit"  # return_weights
+    assert nprf._choose_path(1, 64, 32, None, None, False) == "explicit"  # cross-attention
+    n_band = 2 * 10 + 3 * nprf.BAND_BLOCK + 1
+    assert nprf._choose_path(1, n_band, n_band, zeros, 10, False) == "band"
+    assert nprf._choose_path(1, n_band - 1, n_band - 1, zeros, 10, False) == "explicit"
+    assert nprf._choose_path(1, n_band, n_band, None, None, False) == "band"  # no bias: c constant everywhere
+    n = int(math.isqrt(nprf.EXPLICIT_MAX_WEIGHTS // 8))
+    assert nprf._choose_path(8, n, n, zeros, None, False) == "explicit"
+    assert nprf._choose_path(8, n + 1, n + 1, zeros, None, False) == "fft"
+    assert nprf._choose_path(1, 4000, 4000, zeros, 3000, False) == "explicit"  # band wider than the sequence
     # The public function picks a fast path by itself and gives the same answer.
-    monkeypatch.setattr(nprf, "EXPLICIT_MAX_LEN_BAND", 10)
     monkeypatch.setattr(nprf, "BAND_BLOCK", 8)
     q, k, v, b, W = make_inputs(N=100)
+    seen = []
+    monkeypatch.setattr(nprf, "_band", lambda *a: seen.append("band") or nprf_band(*a))
     z = nprf_attention(q, k, v, b, W, max_distance=8, is_causal=True)
+    assert seen == ["band"]
     assert rel(z, attend("explicit", q, k, v, b, W, max_distance=8, causal=True)) <= 1e-5
+    monkeypatch.setattr(nprf, "EXPLICIT_MAX_WEIGHTS", 0)
+    monkeypatch.setattr(nprf, "_fft", lambda *a: seen.append("fft") or nprf_fft(*a))
+    z = nprf_attention(q, k, v, b, W, is_causal=True)
+    assert seen == ["band", "fft"]
+    assert rel(z, attend("explicit", q, k, v, b, W, causal=True)) <= 1e-5
+
+
+nprf_band, nprf_fft = nprf._band, nprf._fft
 
 
 def test_cross_attention_without_rpe_and_errors():

@@ -5,7 +5,9 @@ mapping to each config class so `save_pretrained` writes an `auto_map` naming al
 
 from .attention_fish import fish_attention
 from .attention_mgk import mgk_attention, mlk_attention
+from .attention_nprf import nprf_attention
 from .configuration_fish_gpt2 import FiSHGPT2Config
+from .configuration_nprf_roberta import NPRFRobertaConfig
 from .configuration_mgk_bert import MGKBertConfig
 from .modeling_mgk_bert import (
     MGKBertForMaskedLM,
@@ -16,6 +18,13 @@ from .modeling_mgk_bert import (
 )
 from . import bundled, hub
 from .modeling_fish_gpt2 import FiSHGPT2ForSequenceClassification, FiSHGPT2LMHeadModel, FiSHGPT2Model
+from .modeling_nprf_roberta import (
+    NPRFRobertaForCausalLM,
+    NPRFRobertaForMaskedLM,
+    NPRFRobertaForQuestionAnswering,
+    NPRFRobertaForSequenceClassification,
+    NPRFRobertaModel,
+)
 from .registration import register_family
 
 __version__ = "0.1.0"
@@ -40,7 +49,25 @@ register_family(
     },
 )
 
+register_family(
+    NPRFRobertaConfig,
+    {
+        "AutoModel": NPRFRobertaModel,
+        "AutoModelForMaskedLM": NPRFRobertaForMaskedLM,
+        "AutoModelForCausalLM": NPRFRobertaForCausalLM,
+        "AutoModelForSequenceClassification": NPRFRobertaForSequenceClassification,
+        "AutoModelForQuestionAnswering": NPRFRobertaForQuestionAnswering,
+    },
+)
+
 __all__ = [
+    "nprf_attention",
+    "NPRFRobertaConfig",
+    "NPRFRobertaModel",
+    "NPRFRobertaForMaskedLM",
+    "NPRFRobertaForCausalLM",
+    "NPRFRobertaForSequenceClassification",
+    "NPRFRobertaForQuestionAnswering",
     "fish_attention",
     "FiSHGPT2Config",
     "FiSHGPT2Model",

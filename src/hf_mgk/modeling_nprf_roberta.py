@@ -1,0 +1,344 @@
+"""RoBERTa with normalized positive random features and relative positions (Luo et al. 2021) as an HF model.
+
+Self-attention becomes z_i = phi(q^_i)^T sum_j c_{j-i} phi(k^_j) v_j^T / phi(q^_i)^T sum_j c_{j-i} phi(k^_j)
+(SPEC.md §3), computed exactly in O(N log N) or O(N) by `attention_nprf.py`. The relative-position bias is one
+learned table per head shared by all layers; the random features W are a persistent buffer per layer. Absolute
+position embeddings are optional, so with `use_absolute_positions=False` any length is accepted. Embedding,
+feed-forward and head weights keep RoBERTa's names, so a stock RoBERTa checkpoint folder loads.
+Imports: torch, transformers and siblings only (remote code).
+"""
+
+import torch
+from torch import nn
+from transformers import initialization as init
+from transformers.cache_utils import DynamicCache
+from transformers.generation import GenerationMixin
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPoolingAndCrossAttentions,
+    CausalLMOutputWithCrossAttentions,
+    MaskedLMOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+)
+from transformers.modeling_utils import PreTrainedModel
+from transformers.models.roberta.modeling_roberta import RobertaClassificationHead, RobertaLMHead, RobertaPooler
+from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
+from transformers.utils.output_capturing import capture_outputs
+
+from .attention_nprf import draw_features, nprf_attention, rpe_bias_from_buckets, t5_constant_distance
+from .configuration_nprf_roberta import NPRFRobertaConfig
+from .modeling_common import (
+    AutoMapMixin,
+    check_sequence_length,
+    classification_loss,
+    padding_mask_from,
+    softmax_attention,
+    wants_attentions,
+)
+from .modeling_encoder import Encoder, EncoderLayer
+
+
+class NPRFRobertaEmbeddings(nn.Module):
+    """RoBERTa's embeddings; the absolute position table exists only with `use_absolute_positions`."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.padding_idx = config.pad_token_id
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=self.padding_idx)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        if config.use_absolute_positions:
+            self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size,
+                                                    padding_idx=self.padding_idx)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids=None, token_type_ids=None, position_ids=None, inputs_embeds=None, past_length=0):
+        if inputs_embeds is None:
+            inputs_embeds = self.word_embeddings(input_ids)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros(inputs_embeds.shape[:2], dtype=torch.long, device=inputs_embeds.device)
+        embeddings = inputs_embeds + self.token_type_embeddings(token_type_ids)
+        if hasattr(self, "position_embeddings"):
+            if position_ids is None:
+                position_ids = self._roberta_positions(input_ids, inputs_embeds, past_length)
+            top = int(position_ids.max())
+            if top >= self.position_embeddings.num_embeddings:
+                usable = self.position_embeddings.num_embeddings - self.padding_idx - 1
+                check_sequence_length(top - self.padding_idx, usable)
+            embeddings = embeddings + self.position_embeddings(position_ids)
+        return self.dropout(self.LayerNorm(embeddings))
+
+    def _roberta_positions(self, input_ids, inputs_embeds, past_length):
+        """fairseq/RoBERTa positions: padding_idx + 1, + 2, ... for real tokens, padding_idx for padding."""
+        if input_ids is None:
+            n = inputs_embeds.shape[1]
+            pos = torch.arange(self.padding_idx + 1 + past_length, self.padding_idx + 1 + past_length + n,
+                               device=inputs_embeds.device)
+            return pos[None].expand(inputs_embeds.shape[:2])
+        mask = input_ids.ne(self.padding_idx).long()
+        return (torch.cumsum(mask, dim=1) + past_length) * mask + self.padding_idx
+
+
+class NPRFRelativePositionBias(nn.Module):
+    """b_{j-i}: one learned value per head and T5 bucket, shared by every layer (SPEC §3)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.bidirectional = not config.is_decoder
+        self.max_distance = config.rpe_max_distance
+        self.weight = nn.Parameter(torch.zeros(config.num_attention_heads, config.rpe_num_buckets))
+        # Beyond this |j - i| the bucket (so b) no longer changes: the exact O(N) band path may be used.
+        self.constant_beyond = t5_constant_distance(self.bidirectional, config.rpe_num_buckets, self.max_distance)
+
+    def forward(self, length):
+        """(H, 2 * length - 1) biases for offsets -(length - 1) .. length - 1."""
+        return rpe_bias_from_buckets(self.weight, length, bidirectional=self.bidirectional,
+                                     max_distance=self.max_distance)
+
+
+class NPRFRobertaSelfAttention(nn.Module):
+    """Softmax (the baseline) or NPRF attention. `relative_position` (the shared bias module) comes as a kwarg."""
+
+    def __init__(self, config: NPRFRobertaConfig, layer_idx=None):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.attention_head_size
+        inner = self.num_heads * self.head_dim
+        self.query = nn.Linear(config.hidden_size, inner)
+        self.key = nn.Linear(config.hidden_size, inner)
+        self.value = nn.Linear(config.hidden_size, inner)
+        self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
+        self.is_causal = config.is_decoder
+        if config.attention_type == "nprf":
+            seed = config.random_feature_seed + (layer_idx or 0)
+            generator = torch.Generator().manual_seed(seed)
+            self.register_buffer("features", draw_features(config.num_random_features, self.head_dim, generator))
+            self.forward_count = 0  # training forwards since the last draw of W
+
+    def _heads(self, x):
+        return x.view(*x.shape[:-1], self.num_heads, self.head_dim).transpose(1, 2)
+
+    @torch.no_grad()
+    def redraw_features(self):
+        self.features.normal_()
+
+    def forward(self, hidden_states, attention_mask=None, past_key_values=None, relative_position=None, **kwargs):
+        query = self._heads(self.query(hidden_states))
+        key = self._heads(self.key(hidden_states))
+        value = self._heads(self.value(hidden_states))
+        if past_key_values is not None:
+            key, value = past_key_values.update(key, value, self.layer_idx)
+        return_weights = wants_attentions(self.config, kwargs)
+        if self.config.attention_type == "softmax":
+            dropout_p = self.dropout.p if self.training else 0.0
+            out, weights = softmax_attention(query, key, value, attention_mask, self.is_causal, dropout_p, None,
+                                             return_weights)
+        else:
+            interval = self.config.feature_redraw_interval
+            if self.training and interval > 0:
+                self.forward_count += 1
+                if self.forward_count % interval == 0:
+                    self.redraw_features()
+            bias, max_distance = None, None
+            if relative_position is not None:
+                bias = relative_position(key.shape[-2])
+                max_distance = relative_position.constant_beyond
+            res = nprf_attention(query, key, value, bias, self.features, normalize=self.config.normalize_qk,
+                                 max_distance=max_distance, attention_mask=attention_mask, is_causal=self.is_causal,
+                                 return_weights=return_weights)
+            out, weights = res if return_weights else (res, None)
+            # No probability matrix is formed on the fast paths, so attention dropout acts on the output.
+            out = self.dropout(out)
+        out = out.transpose(1, 2).reshape(*hidden_states.shape[:-1], self.num_heads * self.head_dim)
+        return out, weights
+
+
+class NPRFRobertaPreTrainedModel(AutoMapMixin, PreTrainedModel):
+    config_class = NPRFRobertaConfig
+    config: NPRFRobertaConfig
+    base_model_prefix = "roberta"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True  # accepted so `attn_implementation="sdpa"` does not fail; `attention_type` decides
+    _no_split_modules = ["NPRFRobertaEmbeddings", "EncoderLayer"]
+    _keys_to_ignore_on_load_unexpected = [r"embeddings\.position_ids", r"embeddings\.token_type_ids"]
+    _can_record_outputs = {"hidden_states": EncoderLayer, "attentions": NPRFRobertaSelfAttention}
+    _auto_map = {
+        "AutoModel": "NPRFRobertaModel",
+        "AutoModelForMaskedLM": "NPRFRobertaForMaskedLM",
+        "AutoModelForCausalLM": "NPRFRobertaForCausalLM",
+        "AutoModelForSequenceClassification": "NPRFRobertaForSequenceClassification",
+        "AutoModelForQuestionAnswering": "NPRFRobertaForQuestionAnswering",
+    }
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, RobertaLMHead):
+            init.zeros_(module.bias)
+        elif isinstance(module, NPRFRelativePositionBias):
+            init.zeros_(module.weight)  # c = 1 everywhere: training starts from plain NPRF
+        elif isinstance(module, NPRFRobertaSelfAttention) and hasattr(module, "features"):
+            generator = torch.Generator().manual_seed(self.config.random_feature_seed + (module.layer_idx or 0))
+            init.copy_(module.features, draw_features(*module.features.shape, generator))
+
+
+class NPRFRobertaModel(NPRFRobertaPreTrainedModel):
+    def __init__(self, config: NPRFRobertaConfig, add_pooling_layer=True):
+        super().__init__(config)
+        if config.add_cross_attention:
+            raise ValueError("NPRF-RoBERTa has no cross-attention: add_cross_attention must be False")
+        self.embeddings = NPRFRobertaEmbeddings(config)
+        if config.attention_type == "nprf" and config.use_rpe:
+            self.relative_position = NPRFRelativePositionBias(config)
+        self.encoder = Encoder(config, NPRFRobertaSelfAttention)
+        self.pooler = RobertaPooler(config) if add_pooling_layer else None
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings.word_embeddings = value
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, past_key_values=None, use_cache=None, **kwargs):
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+        shape = input_ids.shape if input_ids is not None else inputs_embeds.shape[:-1]
+        use_cache = bool(use_cache) and self.config.is_decoder
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        embedding_output = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, past)
+        mask = padding_mask_from(attention_mask, (shape[0], past + shape[1]))
+        sequence_output = self.encoder(embedding_output, mask, past_key_values=past_key_values,
+                                       relative_position=getattr(self, "relative_position", None), **kwargs)
+        pooled_output = self.pooler(sequence_output) if self.pooler is not None else None
+        return BaseModelOutputWithPoolingAndCrossAttentions(
+            last_hidden_state=sequence_output, pooler_output=pooled_output,
+            past_key_values=past_key_values if use_cache else None)
+
+
+class NPRFRobertaForMaskedLM(NPRFRobertaPreTrainedModel):
+    _tied_weights_keys = {
+        "lm_head.decoder.weight": "roberta.embeddings.word_embeddings.weight",
+        "lm_head.decoder.bias": "lm_head.bias",
+    }
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.roberta = NPRFRobertaModel(config, add_pooling_layer=False)
+        self.lm_head = RobertaLMHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head.decoder = new_embeddings
+
+    @can_return_tuple
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels=None, **kwargs):
+        """The loss honours Trainer's num_items_in_batch (exact under accumulation and DDP)."""
+        outputs = self.roberta(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                               position_ids=position_ids, inputs_embeds=inputs_embeds, return_dict=True, **kwargs)
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
+                              attentions=outputs.attentions)
+
+
+class NPRFRobertaForCausalLM(NPRFRobertaPreTrainedModel, GenerationMixin):
+    """Causal NPRF (c_{j-i} = 0 for j > i); needs `is_decoder=True`. The KV cache holds keys and values."""
+
+    _tied_weights_keys = NPRFRobertaForMaskedLM._tied_weights_keys
+
+    def __init__(self, config):
+        super().__init__(config)
+        if not config.is_decoder:
+            raise ValueError("NPRFRobertaForCausalLM needs a causal config: set is_decoder=True")
+        self.roberta = NPRFRobertaModel(config, add_pooling_layer=False)
+        self.lm_head = RobertaLMHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head.decoder = new_embeddings
+
+    @can_return_tuple
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels=None, past_key_values=None, use_cache=None, logits_to_keep=0, **kwargs):
+        outputs = self.roberta(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                               position_ids=position_ids, inputs_embeds=inputs_embeds,
+                               past_key_values=past_key_values, use_cache=use_cache, return_dict=True, **kwargs)
+        hidden_states = outputs.last_hidden_state
+        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
+            hidden_states = hidden_states[:, -logits_to_keep:]
+        logits = self.lm_head(hidden_states)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+        return CausalLMOutputWithCrossAttentions(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
+                                                 hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+
+
+class NPRFRobertaForSequenceClassification(NPRFRobertaPreTrainedModel):
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.roberta = NPRFRobertaModel(config, add_pooling_layer=False)
+        self.classifier = RobertaClassificationHead(config)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels=None, **kwargs):
+        outputs = self.roberta(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                               position_ids=position_ids, inputs_embeds=inputs_embeds, return_dict=True, **kwargs)
+        logits = self.classifier(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = classification_loss(self.config, logits, labels, kwargs.get("num_items_in_batch"))
+        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
+                                        attentions=outputs.attentions)
+
+
+class NPRFRobertaForQuestionAnswering(NPRFRobertaPreTrainedModel):
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.roberta = NPRFRobertaModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, start_positions=None, end_positions=None, **kwargs):
+        outputs = self.roberta(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                               position_ids=position_ids, inputs_embeds=inputs_embeds, return_dict=True, **kwargs)
+        logits = self.qa_outputs(outputs.last_hidden_state)
+        start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            loss = self.loss_function(start_logits, end_logits, start_positions, end_positions)
+        return QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits, end_logits=end_logits,
+                                            hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+
+
+__all__ = [
+    "NPRFRobertaPreTrainedModel",
+    "NPRFRobertaModel",
+    "NPRFRobertaForMaskedLM",
+    "NPRFRobertaForCausalLM",
+    "NPRFRobertaForSequenceClassification",
+    "NPRFRobertaForQuestionAnswering",
+]
