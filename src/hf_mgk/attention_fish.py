@@ -30,9 +30,9 @@ __all__ = ["fish_attention", "fish_attention_reference", "fish_cost", "make_gfis
 # H*N*S scores through memory (2-4x slower at N=1024-2048). Without autograd it also bounds the
 # memory to B*H*128*S scores.
 _BLOCK_ROWS = 128
-# With gradients, the materialised path keeps about (H + M) * N * S scores per batch item for the
-# backward pass; above this many elements (512 MiB in float32) the fused SDPA path, O(N) memory, is
-# taken instead where it applies, even though it is slower on CPU.
+# With autograd, the materialised path keeps about B * (H + M) * N * S scores for the backward pass;
+# above this many (512 MiB in float32) the fused SDPA path, O(N) memory, is taken instead where it
+# applies, although it is slower on the CPU for forward+backward.
 _SAVED_SCORES_LIMIT = 1 << 27
 
 
@@ -64,21 +64,22 @@ def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, att
         Query rows that see no key at all (all keys padded) get zero weights and a zero output.
 
     Path rule (both paths are exact; the rule is only about speed and memory):
-    the fused SDPA call (_fused_attention: H heads of query/key size M*D, O(N) memory) is used for a
-    (M, H) mixing tensor with H > 1, no noise, no dropout and no weights requested, and then only
-    off the CPU, or on the CPU when autograd would otherwise keep more than _SAVED_SCORES_LIMIT
-    scores. Everything else takes the materialised formula in blocks of query rows
-    (_blocked_attention): on the CPU it beat the fused call by 1.3-2x forward+backward at N=256-1024
-    (H=8, M=2, D=64; forward only they were about even at N=1024), since it computes M score
-    matrices instead of H over M*D-wide heads. MiSH without noise computes its one shared attention
-    matrix once and broadcasts it over the H value heads.
+    * fused SDPA call (_fused_attention: H heads of query/key size M*D, O(N) memory) for a (M, H)
+      mixing tensor with H > 1, no noise, no dropout and no weights requested -- except on the CPU
+      when autograd will keep the scores for backward and they number at most _SAVED_SCORES_LIMIT;
+    * everything else: the materialised formula in blocks of query rows (_blocked_attention).
+    Measured on the CPU (one thread, B=1, H=8, M=2, D=64, causal): forward+backward, the blocked path
+    took 0.60-0.84x the fused call's time at N=256-2048 (it computes M score matrices and mixes them,
+    instead of H products over M*D-wide heads); forward only, the fused call took 0.89-1.0x the
+    blocked path's time. MiSH without noise computes its one shared attention matrix once and
+    broadcasts it over the H value heads.
     """
-    B, M, N, D, S, H, Dv = _check_shapes(query, key, value, mixing, noise_std, attention_mask)
+    _, _, _, D, S, H, _ = _check_shapes(query, key, value, mixing, noise_std, attention_mask)
     scale = D ** -0.5 if scale is None else float(scale)
     fusable = (isinstance(mixing, torch.Tensor) and mixing.shape[1] > 1 and noise_std is None
                and dropout_p == 0.0 and not return_weights)
     if fusable and (query.device.type != "cpu"
-                    or _saved_scores(query, key, value, mixing) > _SAVED_SCORES_LIMIT):
+                    or not 0 < _saved_scores(query, key, value, mixing) <= _SAVED_SCORES_LIMIT):
         return _fused_attention(query, key, value, mixing, scale, attention_mask, is_causal)
     eps = _draw_noise(query, mixing, noise_std, H, S, generator)
     out, weights = _blocked_attention(query, key, value, mixing, scale, noise_std, eps, attention_mask,
@@ -91,22 +92,22 @@ def fish_attention_reference(query, key, value, mixing, *, scale=None, noise_std
                              generator=None):
     """The plain N x S formula of fish_attention, in one piece: the reference the fast paths are tested
     against. Same arguments and results; with the same ``generator`` state it draws the same noise."""
-    B, M, N, D, S, H, Dv = _check_shapes(query, key, value, mixing, noise_std, attention_mask)
+    B, _, N, D, S, H, _ = _check_shapes(query, key, value, mixing, noise_std, attention_mask)
     scale = D ** -0.5 if scale is None else float(scale)
     eps = _draw_noise(query, mixing, noise_std, H, S, generator)
-    out, weights = _materialised(query, key, value, mixing, scale, noise_std, eps, attention_mask,
-                                 S - N if is_causal else None, dropout_p)
+    hidden, empty = _hidden(N, S, attention_mask, is_causal, query.device)
+    out, weights = _materialised(query * scale, key, value, mixing, noise_std, eps, hidden, empty,
+                                 dropout_p)
     weights = weights.expand(B, H, N, S)
     return (out, weights) if return_weights else out
 
 
-def _materialised(query, key, value, mixing, scale, noise_std, eps, attention_mask, causal_offset,
-                  dropout_p):
-    """The formula itself (module docstring); returns out (B, H, N, Dv) and weights (B, H or 1, N, S).
-    causal_offset: None, or query i sees keys j <= i + causal_offset (S - N for a whole sequence)."""
-    B, M, N, _ = query.shape
+def _materialised(query, key, value, mixing, noise_std, eps, hidden, empty, dropout_p):
+    """The formula itself (module docstring), for a query already multiplied by the scale; hidden and
+    empty come from _hidden. Returns out (B, H, N, Dv) and weights (B, H or 1, N, S)."""
+    B, _, N, _ = query.shape
     S = key.shape[2]
-    g = torch.matmul(query * scale, key.transpose(-1, -2))  # (B, M, N, S): the global G_k, scaled
+    g = torch.matmul(query, key.transpose(-1, -2))  # (B, M, N, S): the global G_k, scaled
     if isinstance(mixing, nn.Module):
         if noise_std is not None:  # GFiSH: the noise goes into the network's input
             g = g + noise_std.to(g.dtype)[:, None, None] * eps
@@ -124,36 +125,37 @@ def _materialised(query, key, value, mixing, scale, noise_std, eps, attention_ma
             # (not NaN) where the std is 0, e.g. sigma initialised to 0.
             std = torch.linalg.vector_norm(p * noise_std.to(g.dtype)[:, None], dim=0)  # (H,)
             scores = scores + std[:, None, None] * eps
-    visible, empty = _visible(N, S, attention_mask, causal_offset, query.device)
-    if visible is not None:
-        scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
+    if hidden is not None:
+        scores = scores.masked_fill(hidden, torch.finfo(scores.dtype).min)
     # softmax in float32 even when the scores are bf16/fp16 (as HF's eager attention does)
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
     if empty is not None:
         weights = weights.masked_fill(empty, 0.0)
-    if dropout_p > 0.0:
-        weights = F.dropout(weights, p=dropout_p)
+    if dropout_p > 0.0:  # independent per local head, also where MiSH shares one matrix
+        weights = F.dropout(weights.expand(B, value.shape[1], N, S), p=dropout_p)
     return torch.matmul(weights, value), weights
 
 
 def _blocked_attention(query, key, value, mixing, scale, noise_std, eps, attention_mask, is_causal,
                        dropout_p, return_weights):
     """_materialised on blocks of _BLOCK_ROWS query rows. With is_causal, the keys after the last one
-    a block can see are cut off instead of masked, which skips about half the work; the block's causal
-    offset keeps row i (of the whole call) seeing keys j <= i + S - N."""
-    B, M, N, _ = query.shape
+    a block can see (row i sees keys j <= i + S - N) are cut off instead of masked, which skips about
+    half the work. Scaling and masks are computed once for all blocks: on a CPU shared with other
+    work every extra small op per block can cost a scheduler time slice."""
+    B, _, N, _ = query.shape
     S = key.shape[2]
     H = value.shape[1]
-    rows = _BLOCK_ROWS
+    query = query * scale
+    hidden, empty = _hidden(N, S, attention_mask, is_causal, query.device)
     outs, weights = [], []
-    for start in range(0, N, rows):
-        stop = min(N, start + rows)
+    for start in range(0, N, _BLOCK_ROWS):
+        stop = min(N, start + _BLOCK_ROWS)
         end = min(S, max(1, stop + S - N)) if is_causal else S
         out, w = _materialised(
-            query[:, :, start:stop], key[:, :, :end], value[:, :, :end], mixing, scale, noise_std,
+            query[:, :, start:stop], key[:, :, :end], value[:, :, :end], mixing, noise_std,
             None if eps is None else eps[:, :, start:stop, :end],
-            None if attention_mask is None else attention_mask[:, :end],
-            start + S - N if is_causal else None, dropout_p)
+            None if hidden is None else hidden[:, :, start:stop, :end],
+            None if empty is None else empty[:, :, start:stop], dropout_p)
         outs.append(out)
         if return_weights:
             weights.append(F.pad(w.expand(B, H, stop - start, end), (0, S - end)))
@@ -184,13 +186,13 @@ def _fused_attention(query, key, value, p, scale, attention_mask, is_causal):
         q, k = F.pad(q, (0, size - M * D)), F.pad(k, (0, size - M * D))
     v = F.pad(value, (0, size - Dv)) if size > Dv else value
     k = k.expand(B, H, S, size)
-    visible = empty = None
+    hidden = empty = None
     if attention_mask is not None or (is_causal and N != S and N > 1):
-        visible, empty = _visible(N, S, attention_mask, S - N if is_causal else None, query.device)
+        hidden, empty = _hidden(N, S, attention_mask, is_causal, query.device)
     # SDPA's own is_causal is top-left aligned: use it only where that equals bottom-right (N == S).
     # A single query (N = 1, bottom-right aligned) sees every key, so needs no causal mask at all.
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=1.0,
-                                         is_causal=is_causal and N == S and visible is None)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if hidden is None else ~hidden,
+                                         scale=1.0, is_causal=is_causal and N == S and hidden is None)
     out = out[..., :Dv] if size > Dv else out
     return out if empty is None else out.masked_fill(empty, 0.0)
 
@@ -204,27 +206,28 @@ def _saved_scores(query, key, value, mixing):
     return B * (value.shape[1] + M) * N * key.shape[2]
 
 
-def _visible(N, S, attention_mask, causal_offset, device):
-    """Which keys each query may see: (visible, empty).
+def _hidden(N, S, attention_mask, is_causal, device):
+    """Which keys each query may not see: (hidden, empty).
 
-    visible: bool (B or 1, 1, N, S), True where query i may see key j, or None when all keys are
-    visible. empty: bool (B or 1, 1, N, 1), True on rows that see no key at all, or None if there are
-    none; those rows are opened to every key here (so no path ever computes a softmax over nothing,
-    which is NaN, and NaN gradients, on some backends) and their output is set to zero by the caller.
+    hidden: bool (B or 1, 1, N, S), True where key j is padding or (is_causal) j > i + S - N, or None
+    when every key is visible. empty: bool (B or 1, 1, N, 1), True on rows that see no key at all, or
+    None if there are none; those rows are opened to every key here (so no path ever computes a
+    softmax over nothing, which is NaN, with NaN gradients, on some backends) and the caller sets
+    their output to zero.
     """
     visible = None
-    if causal_offset is not None:
-        # j - i <= causal_offset; S - N for a whole sequence: bottom-right aligned
-        visible = torch.ones(N, S, dtype=torch.bool, device=device).tril(causal_offset)[None, None]
+    if is_causal:  # bottom-right aligned
+        visible = torch.ones(N, S, dtype=torch.bool, device=device).tril(S - N)[None, None]
     if attention_mask is not None:
         pad = attention_mask[:, None, None, :].to(torch.bool)
         visible = pad if visible is None else visible & pad
     if visible is None:
         return None, None
     empty = ~visible.any(dim=-1, keepdim=True)
+    # expanded (views) to N query rows, so that query blocks can slice them
     if not bool(empty.any()):
-        return visible, None
-    return visible | empty, empty
+        return (~visible).expand(-1, -1, N, -1), None
+    return (~(visible | empty)).expand(-1, -1, N, -1), empty.expand(-1, -1, N, -1)
 
 
 def _draw_noise(query, mixing, noise_std, H, S, generator):
