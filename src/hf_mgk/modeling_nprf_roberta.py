@@ -87,8 +87,10 @@ class NPRFRelativePositionBias(nn.Module):
         self.bidirectional = not config.is_decoder
         self.max_distance = config.rpe_max_distance
         self.weight = nn.Parameter(torch.zeros(config.num_attention_heads, config.rpe_num_buckets))
-        # Beyond this |j - i| the bucket (so b) no longer changes: the exact O(N) band path may be used.
-        self.constant_beyond = t5_constant_distance(self.bidirectional, config.rpe_num_buckets, self.max_distance)
+        # Beyond this |j - i| the bucket (so b) no longer changes: the exact O(N) band path may be used. Computed on
+        # the CPU explicitly: from_pretrained builds modules on the meta device, where the scan cannot run.
+        with torch.device("cpu"):
+            self.constant_beyond = t5_constant_distance(self.bidirectional, config.rpe_num_buckets, self.max_distance)
 
     def forward(self, length):
         """(H, 2 * length - 1) biases for offsets -(length - 1) .. length - 1."""
@@ -112,9 +114,8 @@ class NPRFRobertaSelfAttention(nn.Module):
         self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
         self.is_causal = config.is_decoder
         if config.attention_type == "nprf":
-            seed = config.random_feature_seed + (layer_idx or 0)
-            generator = torch.Generator().manual_seed(seed)
-            self.register_buffer("features", draw_features(config.num_random_features, self.head_dim, generator))
+            # W is drawn from random_feature_seed + layer in _init_weights (modules may be built on the meta device).
+            self.register_buffer("features", torch.empty(config.num_random_features, self.head_dim))
             self.forward_count = 0  # training forwards since the last draw of W
 
     def _heads(self, x):
@@ -181,7 +182,7 @@ class NPRFRobertaPreTrainedModel(AutoMapMixin, PreTrainedModel):
             init.zeros_(module.weight)  # c = 1 everywhere: training starts from plain NPRF
         elif isinstance(module, NPRFRobertaSelfAttention) and hasattr(module, "features"):
             generator = torch.Generator().manual_seed(self.config.random_feature_seed + (module.layer_idx or 0))
-            init.copy_(module.features, draw_features(*module.features.shape, generator))
+            init.copy_(module.features, draw_features(*module.features.shape, generator).to(module.features.device))
 
 
 class NPRFRobertaModel(NPRFRobertaPreTrainedModel):
