@@ -101,8 +101,8 @@ def test_band_matches_explicit(causal, max_distance, block, monkeypatch):
         assert rel(got, want) <= 1e-4, name
 
 
-def test_fft_chunks_and_recomputation_match_explicit(monkeypatch):
-    # One (batch·head, feature) unit per chunk: the chunked loop and its checkpointed backward.
+def test_fft_in_many_chunks_matches_explicit(monkeypatch):
+    # One (batch·head, feature) unit per chunk: the accumulation over chunks, forward and backward.
     monkeypatch.setattr(nprf, "FFT_CHUNK_BYTES", 1)
     q, k, v, b, W = make_inputs(N=40, m=3)
     for causal in (False, True):
@@ -110,6 +110,14 @@ def test_fft_chunks_and_recomputation_match_explicit(monkeypatch):
         ref = with_grads("explicit", q, k, v, b, W, **kw)
         for got, want in zip(with_grads("fft", q, k, v, b, W, **kw), ref):
             assert rel(got, want) <= 1e-4
+
+
+def test_fft_backward_passes_gradcheck():
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.rand(2, r, 7, generator=g, dtype=torch.float64) for r in (3, 3, 2))
+    c = torch.rand(2, 13, generator=g, dtype=torch.float64)
+    leaves = [t.requires_grad_() for t in (q, k, v, c)]
+    assert torch.autograd.gradcheck(nprf._ToeplitzFFT.apply, leaves, fast_mode=True)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -358,13 +366,24 @@ def test_path_selection_and_auto_result(monkeypatch):
 nprf_band, nprf_fft = nprf._band, nprf._fft
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_last_queries_against_a_longer_key_cache(causal):
+    # Decoding with a cache: N < S queries are the last N positions; rows equal the full computation's.
+    q, k, v, b, W = make_inputs(N=60)
+    mask = padding_mask(2, 60)
+    full = nprf_attention(q, k, v, b, W, attention_mask=mask, is_causal=causal)
+    for n in (1, 3):
+        z = nprf_attention(q[..., -n:, :], k, v, b, W, attention_mask=mask, is_causal=causal)
+        assert rel(z, full[..., -n:, :]) <= 1e-6
+
+
 def test_cross_attention_without_rpe_and_errors():
     q, k, v, _, W = make_inputs(N=30)
     z = nprf_attention(q[..., :7, :], k, v, None, W)
     assert z.shape == (2, 2, 7, 6)
     assert rel(z, nprf_attention(q, k, v, None, W)[..., :7, :]) <= 1e-6
     with pytest.raises(ValueError):
-        nprf_attention(q[..., :7, :], k, v, torch.zeros(2, 59), W)
+        nprf_attention(q, k[..., :7, :], v[..., :7, :], torch.zeros(2, 13), W)  # N > S with a bias
     with pytest.raises(ValueError):
         nprf_attention(q, k, v, torch.zeros(2, 30), W)
 

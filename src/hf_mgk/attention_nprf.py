@@ -22,8 +22,9 @@ Path rule (`_choose_path`), measured on this project's 2-thread CPU (fwd+bwd, H=
   2. band if it applies and its band is narrower than the sequence, 2w + 3·BAND_BLOCK < N: there it was never
      slower than explicit (N=384: 26 vs 30 ms, N=1024: 76 vs 293 ms) and it matches SDPA from N ≈ 1k;
   3. otherwise explicit while its weights stay small, B·H·N·S ≤ EXPLICIT_MAX_WEIGHTS (B·H = 8: N ≤ 2896; its
-     fwd+bwd peak is ~6 such N×S tensors, measured 3.3 GiB at B·H·N·S = 2^27), else fft. The float64 FFT is
-     about as fast as explicit there (N = 2048: 2.1 s vs 1.8 s) and O(N) in memory.
+     fwd+bwd peak is ~6 such N×S tensors, measured 3.3 GiB at B·H·N·S = 2^27), else fft. Memory decides, not
+     speed: explicit was faster wherever it fits (N = 2048: 1.8 s vs 2.1 s; 4096: 5.7 s vs 18 s), while the
+     FFT's memory is O(N) (16k tokens: 0.6 GiB fwd+bwd); its time is still 2.3x SDPA's at 16k.
 
 Exactness conventions (none changes Eq. 10):
   * φ is shifted by constants that cancel in the ratio: 1/√m is dropped, each query's features are divided by
@@ -134,8 +135,10 @@ def nprf_attention(query, key, value, rpe_bias, features, *, normalize=True, max
     """Eq. (10) of Luo et al. 2021 (SPEC §3, §5); see the module docstring for the paths and conventions.
 
     query (B, H, N, D), key (B, H, S, D), value (B, H, S, Dv); features (m, D) = W.
-    rpe_bias: (H, 2S−1) b for offsets j − i = −(S−1) … S−1 (index j − i + S − 1; N = S), or None (c = 1:
-        plain linear attention, the paper's no-RPE ablation).
+        N < S (decoding with a key/value cache): the queries are the last N positions, query i sits at
+        position i + S − N (only the explicit path, O(N·S)). Without bias and causality any N, S.
+    rpe_bias: (H, 2S−1) b for offsets j − i = −(S−1) … S−1 (index j − i + S − 1), or None (c = 1: plain linear
+        attention, the paper's no-RPE ablation).
     normalize: unit-norm q and k first (NPRF); False is the unnormalized PRF ablation (its features can
         underflow/overflow for large norms: that is the paper's point, nothing hides it).
     max_distance: b is constant for j − i ≥ max_distance and for j − i ≤ −max_distance (enables the O(N) path).
@@ -153,8 +156,8 @@ def _nprf_attention(query, key, value, rpe_bias, features, normalize, max_distan
     if key.shape != (B, H, S, D) or value.shape[:3] != (B, H, S) or features.shape[-1] != D:
         raise ValueError(f"shapes: query {tuple(query.shape)}, key {tuple(key.shape)}, "
                          f"value {tuple(value.shape)}, features {tuple(features.shape)}")
-    if N != S and (rpe_bias is not None or is_causal):
-        raise ValueError("relative positions and causal masking need self-attention (N == S)")
+    if N > S and (rpe_bias is not None or is_causal):
+        raise ValueError("relative positions and causal masking need N <= S (queries = the last N positions)")
     if rpe_bias is not None and (rpe_bias.dim() != 2 or rpe_bias.shape[-1] != 2 * S - 1
                                  or rpe_bias.shape[0] not in (1, H)):
         raise ValueError(f"rpe_bias must be (H, 2S-1) = ({H}, {2 * S - 1}), got {tuple(rpe_bias.shape)}")
@@ -246,16 +249,17 @@ def _rows_with_keys(valid, B, N, S, is_causal, device):
     """(B, 1, N, 1) bool: does query i see at least one valid key?"""
     if valid is None:
         return torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
-    if is_causal:
-        return (valid.cumsum(-1) > 0)[:, None, :, None]
+    if is_causal:  # query i sits at position i + S − N
+        return (valid.cumsum(-1) > 0)[:, S - N:, None][:, None]
     return valid.any(-1)[:, None, None, None].expand(B, 1, N, 1)
 
 
 def _explicit(phi_q, phi_k, v1, c):
     """Reference: unnormalized weights φ(q̂_i)·φ(k̂_j) c_{j−i} for every pair, then Eq. (10) term by term."""
     N, S = phi_q.shape[-2], phi_k.shape[-2]
-    # Offset index j − i + S − 1; clamped only for cross-attention without bias, where c ≡ 1 anyway.
-    idx = (torch.arange(S, device=c.device)[None, :] - torch.arange(N, device=c.device)[:, None] + S - 1)
+    # Index of the offset j − (i + S − N) in c: j − i + N − 1. Clamped only for N > S (no bias, not causal),
+    # where c ≡ 1 anyway.
+    idx = (torch.arange(S, device=c.device)[None, :] - torch.arange(N, device=c.device)[:, None] + N - 1)
     weights = (phi_q @ phi_k.transpose(-1, -2)) * c[:, idx.clamp(0, 2 * S - 2)]
     return weights @ v1, weights
 
@@ -278,7 +282,7 @@ class _ToeplitzFFT(torch.autograd.Function):
     linear convolution, done circularly with length L ≥ 2S−1 so that offsets −(S−1) … S−1 never wrap onto each
     other. A hand-written backward uses the adjoints (the transposed Toeplitz product has spectrum conj(ĥ);
     the gradient of c is a cross-correlation) and recomputes the channels chunk by chunk: nothing of size
-    m·E·L is stored (through autograd with checkpointing the same path was ~5x slower: per-row copies).
+    m·E·L is stored (the same product through autograd plus checkpointing measured about 2x slower).
     """
 
     @staticmethod

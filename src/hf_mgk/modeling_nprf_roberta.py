@@ -275,6 +275,16 @@ class NPRFRobertaForCausalLM(NPRFRobertaPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, new_embeddings):
         self.lm_head.decoder = new_embeddings
 
+    def _prepare_position_ids_for_generation(self, inputs_tensor, model_kwargs):
+        """generate() numbers real tokens 0, 1, ...; RoBERTa's table starts at padding_idx + 1 and gives padding
+        padding_idx. Later steps add 1 to the last position, so converting once keeps the whole run consistent."""
+        position_ids = super()._prepare_position_ids_for_generation(inputs_tensor, model_kwargs)
+        pad = self.config.pad_token_id
+        mask = model_kwargs.get("attention_mask")
+        if mask is None:
+            return position_ids + pad + 1
+        return torch.where(mask.bool(), position_ids + pad + 1, torch.full_like(position_ids, pad))
+
     @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, labels=None, past_key_values=None, use_cache=None, logits_to_keep=0, **kwargs):
