@@ -296,6 +296,8 @@ def test_save_for_hub_never_overwrites_and_check_remote_code_detects_a_mismatch(
         save_for_hub(model, folder)
     assert (folder / "notes.txt").read_text() == "mine"
     save_for_hub(model, folder, overwrite=True)
+    card = (folder / "README.md").read_text()
+    assert "trust_remote_code=True" in card and "AutoModel" in card and "`mgk`" in card
     ids, mask = batch(pad_from=4)
     reference = model(ids, attention_mask=mask).last_hidden_state
     out = check_remote_code(folder, {"input_ids": ids, "attention_mask": mask}, reference=reference)

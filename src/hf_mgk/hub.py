@@ -24,7 +24,8 @@ _BLOCK_PACKAGE = textwrap.dedent(
 
 
 def save_for_hub(model, folder, tokenizer=None, overwrite=False):
-    """`save_pretrained` (safetensors + code files + full `auto_map`) into `folder`, never over a user's files.
+    """`save_pretrained` (safetensors + code files + full `auto_map`) into `folder`, never over a user's files,
+    plus a README.md model card saying how to load it (kept if the folder already has one).
 
     A non-empty folder is refused unless `overwrite=True`."""
     if os.path.isdir(folder) and os.listdir(folder) and not overwrite:
@@ -32,7 +33,39 @@ def save_for_hub(model, folder, tokenizer=None, overwrite=False):
     model.save_pretrained(folder, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
+    card = os.path.join(folder, "README.md")
+    if not os.path.exists(card):
+        with open(card, "w", encoding="utf-8") as f:
+            f.write(model_card(model))
     return folder
+
+
+def model_card(model):
+    """A minimal Hub model card: what the model is and the one line that loads it without this package."""
+    config = model.config
+    auto = next((a for a, name in model._auto_map.items() if name == type(model).__name__), "AutoModel")
+    n_params = sum(p.numel() for p in model.parameters())
+    fields = {k: getattr(config, k) for k in ("attention_type", "num_keys", "e_step", "mgk_prior", "num_global_heads",
+                                              "normalize_qk", "use_rpe", "num_random_features", "head_dim")
+              if hasattr(config, k)}
+    rows = "\n".join(f"| `{k}` | `{v}` |" for k, v in fields.items())
+    return f"""---
+library_name: transformers
+tags: [{config.model_type}, hf-mgk, custom_code]
+---
+# {type(model).__name__} ({config.model_type})
+
+{n_params / 1e6:.1f}M parameters. Made with [hf-mgk](https://pypi.org/project/hf-mgk/); loads without it:
+
+```python
+import transformers
+model = transformers.{auto}.from_pretrained("ORG/NAME", trust_remote_code=True)
+```
+
+| attention setting | value |
+|---|---|
+{rows}
+"""
 
 
 def run_without_package(code, cwd, timeout=600):
