@@ -19,7 +19,6 @@ from transformers.generation import GenerationMixin
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
-    CausalLMOutputWithPast,
     SequenceClassifierOutputWithPast,
 )
 from transformers.modeling_utils import PreTrainedModel
@@ -38,6 +37,7 @@ from .modeling_common import (
     softmax_attention,
     wants_attentions,
 )
+from .modeling_heads import CausalLMHeadMixin
 
 
 class FiSHGPT2Attention(nn.Module):
@@ -257,7 +257,7 @@ class FiSHGPT2Model(FiSHGPT2PreTrainedModel):
                                        past_key_values=past_key_values if use_cache else None)
 
 
-class FiSHGPT2LMHeadModel(FiSHGPT2PreTrainedModel, GenerationMixin):
+class FiSHGPT2LMHeadModel(CausalLMHeadMixin, FiSHGPT2PreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "transformer.wte.weight"}
 
     def __init__(self, config):
@@ -265,24 +265,6 @@ class FiSHGPT2LMHeadModel(FiSHGPT2PreTrainedModel, GenerationMixin):
         self.transformer = FiSHGPT2Model(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.post_init()
-
-    @can_return_tuple
-    def forward(self, input_ids=None, past_key_values=None, attention_mask=None, token_type_ids=None,
-                position_ids=None, inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
-        """labels are shifted inside (labels = input_ids works). The loss honours Trainer's num_items_in_batch,
-        so gradient accumulation and several processes give the whole batch's token mean."""
-        outputs = self.transformer(input_ids, past_key_values=past_key_values, attention_mask=attention_mask,
-                                   token_type_ids=token_type_ids, position_ids=position_ids,
-                                   inputs_embeds=inputs_embeds, use_cache=use_cache, return_dict=True, **kwargs)
-        hidden_states = outputs.last_hidden_state
-        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
-            hidden_states = hidden_states[:, -logits_to_keep:]
-        logits = self.lm_head(hidden_states)
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
-                                      hidden_states=outputs.hidden_states, attentions=outputs.attentions)
 
 
 class FiSHGPT2ForSequenceClassification(FiSHGPT2PreTrainedModel):

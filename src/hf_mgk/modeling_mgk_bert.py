@@ -11,13 +11,7 @@ import math
 import torch
 from torch import nn
 from transformers import initialization as init
-from transformers.modeling_outputs import (
-    BaseModelOutputWithPoolingAndCrossAttentions,
-    MaskedLMOutput,
-    QuestionAnsweringModelOutput,
-    SequenceClassifierOutput,
-    TokenClassifierOutput,
-)
+from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions
 from transformers.modeling_utils import PreTrainedModel
 from transformers.models.bert.modeling_bert import (
     BertEmbeddings,
@@ -25,7 +19,7 @@ from transformers.models.bert.modeling_bert import (
     BertOnlyMLMHead,
     BertPooler,
 )
-from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
+from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
 from .attention_mgk import mgk_attention, mgk_responsibilities, mlk_attention
@@ -33,12 +27,17 @@ from .configuration_mgk_bert import MGKBertConfig
 from .modeling_common import (
     AutoMapMixin,
     check_sequence_length,
-    classification_loss,
     padding_mask_from,
     softmax_attention,
     wants_attentions,
 )
 from .modeling_encoder import Encoder, EncoderLayer
+from .modeling_heads import (
+    MaskedLMHeadMixin,
+    QuestionAnsweringHeadMixin,
+    SequenceClassificationHeadMixin,
+    TokenClassificationHeadMixin,
+)
 
 
 class MGKBertSelfAttention(nn.Module):
@@ -214,7 +213,7 @@ class MGKBertModel(MGKBertPreTrainedModel):
                                                             pooler_output=pooled_output)
 
 
-class MGKBertForMaskedLM(MGKBertPreTrainedModel):
+class MGKBertForMaskedLM(MaskedLMHeadMixin, MGKBertPreTrainedModel):
     _tied_weights_keys = {
         "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
         "cls.predictions.decoder.bias": "cls.predictions.bias",
@@ -233,89 +232,44 @@ class MGKBertForMaskedLM(MGKBertPreTrainedModel):
         self.cls.predictions.decoder = new_embeddings
         self.cls.predictions.bias = new_embeddings.bias
 
-    @can_return_tuple
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, labels=None, **kwargs):
-        """labels: -100 for unmasked tokens. `num_items_in_batch` (from Trainer) makes the loss a sum over this
-        batch divided by the masked-token count of the whole accumulated, all-process batch: exact under gradient
-        accumulation and DDP."""
-        outputs = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                            position_ids=position_ids, inputs_embeds=inputs_embeds, return_dict=True, **kwargs)
-        logits = self.cls(outputs.last_hidden_state)
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
-        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
-                              attentions=outputs.attentions)
+    def lm_logits(self, hidden_states):
+        return self.cls(hidden_states)
 
 
-class MGKBertForSequenceClassification(MGKBertPreTrainedModel):
+def _classifier_dropout(config):
+    return nn.Dropout(config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob)
+
+
+class MGKBertForSequenceClassification(SequenceClassificationHeadMixin, MGKBertPreTrainedModel):
     def __init__(self, config):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.bert = MGKBertModel(config)
-        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = _classifier_dropout(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
-    @can_return_tuple
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, labels=None, **kwargs):
-        outputs = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                            position_ids=position_ids, inputs_embeds=inputs_embeds, return_dict=True, **kwargs)
-        logits = self.classifier(self.dropout(outputs.pooler_output))
-        loss = None
-        if labels is not None:
-            loss = classification_loss(self.config, logits, labels, kwargs.get("num_items_in_batch"))
-        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
-                                        attentions=outputs.attentions)
+    def classify(self, outputs):
+        return self.classifier(self.dropout(outputs.pooler_output))  # BERT's pooled [CLS]
 
 
-class MGKBertForTokenClassification(MGKBertPreTrainedModel):
+class MGKBertForTokenClassification(TokenClassificationHeadMixin, MGKBertPreTrainedModel):
     def __init__(self, config):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.bert = MGKBertModel(config, add_pooling_layer=False)
-        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = _classifier_dropout(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
-    @can_return_tuple
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, labels=None, **kwargs):
-        outputs = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                            position_ids=position_ids, inputs_embeds=inputs_embeds, return_dict=True, **kwargs)
-        logits = self.classifier(self.dropout(outputs.last_hidden_state))
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits, labels, self.config, **kwargs)  # honours num_items_in_batch
-        return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
-                                     attentions=outputs.attentions)
 
-
-class MGKBertForQuestionAnswering(MGKBertPreTrainedModel):
+class MGKBertForQuestionAnswering(QuestionAnsweringHeadMixin, MGKBertPreTrainedModel):
     def __init__(self, config):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.bert = MGKBertModel(config, add_pooling_layer=False)
         self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
-
-    @can_return_tuple
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, start_positions=None, end_positions=None, **kwargs):
-        outputs = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                            position_ids=position_ids, inputs_embeds=inputs_embeds, return_dict=True, **kwargs)
-        logits = self.qa_outputs(outputs.last_hidden_state)
-        start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
-        loss = None
-        if start_positions is not None and end_positions is not None:
-            # Trainer counts no "labels" here, so it passes no num_items_in_batch and scales by 1/accumulation.
-            loss = self.loss_function(start_logits, end_logits, start_positions, end_positions)
-        return QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits, end_logits=end_logits,
-                                            hidden_states=outputs.hidden_states, attentions=outputs.attentions)
 
 
 __all__ = [

@@ -13,16 +13,10 @@ from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import DynamicCache
 from transformers.generation import GenerationMixin
-from transformers.modeling_outputs import (
-    BaseModelOutputWithPoolingAndCrossAttentions,
-    CausalLMOutputWithCrossAttentions,
-    MaskedLMOutput,
-    QuestionAnsweringModelOutput,
-    SequenceClassifierOutput,
-)
+from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions
 from transformers.modeling_utils import PreTrainedModel
 from transformers.models.roberta.modeling_roberta import RobertaClassificationHead, RobertaLMHead, RobertaPooler
-from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
+from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
 from .attention_nprf import draw_features, nprf_attention, rpe_bias_from_buckets, t5_constant_distance
@@ -30,12 +24,17 @@ from .configuration_nprf_roberta import NPRFRobertaConfig
 from .modeling_common import (
     AutoMapMixin,
     check_sequence_length,
-    classification_loss,
     padding_mask_from,
     softmax_attention,
     wants_attentions,
 )
 from .modeling_encoder import Encoder, EncoderLayer
+from .modeling_heads import (
+    CausalLMHeadMixin,
+    MaskedLMHeadMixin,
+    QuestionAnsweringHeadMixin,
+    SequenceClassificationHeadMixin,
+)
 
 
 class NPRFRobertaEmbeddings(nn.Module):
@@ -224,7 +223,7 @@ class NPRFRobertaModel(NPRFRobertaPreTrainedModel):
             past_key_values=past_key_values if use_cache else None)
 
 
-class NPRFRobertaForMaskedLM(NPRFRobertaPreTrainedModel):
+class NPRFRobertaForMaskedLM(MaskedLMHeadMixin, NPRFRobertaPreTrainedModel):
     _tied_weights_keys = {
         "lm_head.decoder.weight": "roberta.embeddings.word_embeddings.weight",
         "lm_head.decoder.bias": "lm_head.bias",
@@ -242,22 +241,13 @@ class NPRFRobertaForMaskedLM(NPRFRobertaPreTrainedModel):
     def set_output_embeddings(self, new_embeddings):
         self.lm_head.decoder = new_embeddings
 
-    @can_return_tuple
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, labels=None, **kwargs):
-        """The loss honours Trainer's num_items_in_batch (exact under accumulation and DDP)."""
-        outputs = self.roberta(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                               position_ids=position_ids, inputs_embeds=inputs_embeds, return_dict=True, **kwargs)
-        logits = self.lm_head(outputs.last_hidden_state)
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
-        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
-                              attentions=outputs.attentions)
+    def lm_logits(self, hidden_states):
+        return self.lm_head(hidden_states)
 
 
-class NPRFRobertaForCausalLM(NPRFRobertaPreTrainedModel, GenerationMixin):
-    """Causal NPRF (c_{j-i} = 0 for j > i); needs `is_decoder=True`. The KV cache holds keys and values."""
+class NPRFRobertaForCausalLM(CausalLMHeadMixin, NPRFRobertaPreTrainedModel, GenerationMixin):
+    """Causal NPRF (c_{j-i} = 0 for j > i); needs `is_decoder=True`. The KV cache holds keys and values; each new
+    token attends to the whole cache on the explicit path (O(S) per token)."""
 
     _tied_weights_keys = NPRFRobertaForMaskedLM._tied_weights_keys
 
@@ -269,11 +259,8 @@ class NPRFRobertaForCausalLM(NPRFRobertaPreTrainedModel, GenerationMixin):
         self.lm_head = RobertaLMHead(config)
         self.post_init()
 
-    def get_output_embeddings(self):
-        return self.lm_head.decoder
-
-    def set_output_embeddings(self, new_embeddings):
-        self.lm_head.decoder = new_embeddings
+    get_output_embeddings = NPRFRobertaForMaskedLM.get_output_embeddings
+    set_output_embeddings = NPRFRobertaForMaskedLM.set_output_embeddings
 
     def _prepare_position_ids_for_generation(self, inputs_tensor, model_kwargs):
         """generate() numbers real tokens 0, 1, ...; RoBERTa's table starts at padding_idx + 1 and gives padding
@@ -285,24 +272,8 @@ class NPRFRobertaForCausalLM(NPRFRobertaPreTrainedModel, GenerationMixin):
             return position_ids + pad + 1
         return torch.where(mask.bool(), position_ids + pad + 1, torch.full_like(position_ids, pad))
 
-    @can_return_tuple
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, labels=None, past_key_values=None, use_cache=None, logits_to_keep=0, **kwargs):
-        outputs = self.roberta(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                               position_ids=position_ids, inputs_embeds=inputs_embeds,
-                               past_key_values=past_key_values, use_cache=use_cache, return_dict=True, **kwargs)
-        hidden_states = outputs.last_hidden_state
-        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
-            hidden_states = hidden_states[:, -logits_to_keep:]
-        logits = self.lm_head(hidden_states)
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
-        return CausalLMOutputWithCrossAttentions(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
-                                                 hidden_states=outputs.hidden_states, attentions=outputs.attentions)
 
-
-class NPRFRobertaForSequenceClassification(NPRFRobertaPreTrainedModel):
+class NPRFRobertaForSequenceClassification(SequenceClassificationHeadMixin, NPRFRobertaPreTrainedModel):
     def __init__(self, config):
         super().__init__(config)
         self.num_labels = config.num_labels
@@ -310,39 +281,17 @@ class NPRFRobertaForSequenceClassification(NPRFRobertaPreTrainedModel):
         self.classifier = RobertaClassificationHead(config)
         self.post_init()
 
-    @can_return_tuple
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, labels=None, **kwargs):
-        outputs = self.roberta(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                               position_ids=position_ids, inputs_embeds=inputs_embeds, return_dict=True, **kwargs)
-        logits = self.classifier(outputs.last_hidden_state)
-        loss = None
-        if labels is not None:
-            loss = classification_loss(self.config, logits, labels, kwargs.get("num_items_in_batch"))
-        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
-                                        attentions=outputs.attentions)
+    def classify(self, outputs):
+        return self.classifier(outputs.last_hidden_state)  # RoBERTa's head reads <s>
 
 
-class NPRFRobertaForQuestionAnswering(NPRFRobertaPreTrainedModel):
+class NPRFRobertaForQuestionAnswering(QuestionAnsweringHeadMixin, NPRFRobertaPreTrainedModel):
     def __init__(self, config):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.roberta = NPRFRobertaModel(config, add_pooling_layer=False)
         self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
-
-    @can_return_tuple
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, start_positions=None, end_positions=None, **kwargs):
-        outputs = self.roberta(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                               position_ids=position_ids, inputs_embeds=inputs_embeds, return_dict=True, **kwargs)
-        logits = self.qa_outputs(outputs.last_hidden_state)
-        start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
-        loss = None
-        if start_positions is not None and end_positions is not None:
-            loss = self.loss_function(start_logits, end_logits, start_positions, end_positions)
-        return QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits, end_logits=end_logits,
-                                            hidden_states=outputs.hidden_states, attentions=outputs.attentions)
 
 
 __all__ = [
