@@ -3,14 +3,20 @@
 
     python scripts/benchmark.py --family mgk                  # MGK-BERT (H/2 heads, M=2) vs BERT (H heads, SDPA)
     python scripts/benchmark.py --family mgk --lengths 128 512 --repeats 5
+    python scripts/benchmark.py --family fish                 # FiSH-GPT2 (8 local heads, M=2) vs GPT-2 (8 heads, SDPA)
 
 Each (model, length) is measured in a fresh child process: a warm-up step, then the median of `--repeats`
 training steps (forward + backward of the encoder + an SGD step; no LM head, so the vocabulary projection does
 not hide the attention), and the peak resident memory the step adds above the loaded model (ru_maxrss minus the
 RSS before the first step). Shared machines are noisy: read the ratios, which are taken in the same run.
+
+The fish family also counts FLOPs, after the timed steps, with torch.utils.flop_counter.FlopCounterMode (see
+count_flops and attention_matrix_flops), and prints the App. D formulas (hf_mgk.fish_cost) beside them.
 """
 
 import argparse
+import copy
+import importlib
 import json
 import os
 import resource
@@ -20,6 +26,7 @@ import sys
 import time
 
 import torch
+from torch.utils import flop_counter
 
 FAMILIES = {}
 
@@ -55,20 +62,161 @@ def mgk_cases(args):
     }
 
 
+# ------------------------------------------------------------------ FiSH-GPT2
+GPT2_SIZE = dict(n_embd=512, n_layer=2, n_inner=2048, vocab_size=1000, bos_token_id=0, eos_token_id=0,
+                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+FISH_TYPES = ("hard_fish", "fish", "mish", "hard_gfish", "gfish")
+
+
+@family("fish")
+def fish_cases(args):
+    """FiSH-GPT2 with H local heads and M global heads (App. D: M=2, H=8) of the baseline's head size."""
+    heads, m = args.heads, args.global_heads
+    head_dim = GPT2_SIZE["n_embd"] // heads
+    base = f"GPT-2, {heads} heads (SDPA)"
+    cases = {base: ("gpt2", {"n_head": heads})}
+    for kind in FISH_TYPES:
+        cases[f"FiSH-GPT2 {kind}, {heads}+{m} heads"] = (
+            "fish_gpt2", {"n_head": heads, "head_dim": head_dim, "num_global_heads": m, "attention_type": kind})
+    return {"lengths": args.lengths or [256, 512, 1024, 2048, 4096], "baseline": base, "cases": cases,
+            "count_flops": True, "tables": [print_table, print_flop_table, print_param_table]}
+
+
+# kind -> (module, config class, model class, size, position field, fewest positions, model kwargs, attention
+# implementation or None). Child processes rebuild a case from its kind and JSON overrides.
+BUILDERS = {
+    "bert": ("transformers", "BertConfig", "BertModel", BERT_SIZE, "max_position_embeddings", 512,
+             {"add_pooling_layer": False}, "sdpa"),
+    "mgk": ("hf_mgk", "MGKBertConfig", "MGKBertModel", BERT_SIZE, "max_position_embeddings", 512,
+            {"add_pooling_layer": False}, None),
+    "gpt2": ("transformers", "GPT2Config", "GPT2Model", GPT2_SIZE, "n_positions", 1024, {}, "sdpa"),
+    "fish_gpt2": ("hf_mgk", "FiSHGPT2Config", "FiSHGPT2Model", GPT2_SIZE, "n_positions", 1024, {}, None),
+}
+
+
 def build(kind, overrides, length):
-    """The model for one case; `kind` names a builder so child processes can rebuild it from JSON."""
-    if kind == "bert":
-        from transformers import BertConfig, BertModel
+    """The model for one case, with room for `length` positions."""
+    if kind not in BUILDERS:
+        raise ValueError(f"unknown model kind {kind!r}")
+    module, config_name, model_name, size, positions, fewest, model_kwargs, attn = BUILDERS[kind]
+    module = importlib.import_module(module)
+    config = getattr(module, config_name)(**size, **{positions: max(length, fewest)}, **overrides)
+    if attn is not None:
+        config._attn_implementation = attn
+    return getattr(module, model_name)(config, **model_kwargs)
 
-        config = BertConfig(**BERT_SIZE, max_position_embeddings=max(length, 512), **overrides)
-        config._attn_implementation = "sdpa"
-        return BertModel(config, add_pooling_layer=False)
-    if kind == "mgk":
-        from hf_mgk import MGKBertConfig, MGKBertModel
 
-        return MGKBertModel(MGKBertConfig(**BERT_SIZE, max_position_embeddings=max(length, 512), **overrides),
-                            add_pooling_layer=False)
-    raise ValueError(f"unknown model kind {kind!r}")
+# ------------------------------------------------------------------ FLOP counting
+def _cpu_sdpa_flops(query, key, value, dropout_p=0.0, is_causal=False, *args, out_shape=None, **kwargs):
+    """FlopCounterMode has no formula for the CPU flash kernel (it would count 0): PyTorch's own SDPA count
+    (QK^T and PV, 2mnk each), on the visible pairs only when causal (row i sees keys j <= i, top-left),
+    as the kernel skips key blocks wholly above the diagonal and FiSH's blocked path cuts them off."""
+    return _causal_share(flop_counter.sdpa_flop_count(query, key, value), query[-2], key[-2], is_causal)
+
+
+def _cpu_sdpa_backward_flops(grad_out, query, key, value, out, logsumexp, dropout_p=0.0, is_causal=False,
+                             *args, out_shape=None, **kwargs):
+    full = flop_counter.sdpa_backward_flop_count(grad_out, query, key, value)
+    return _causal_share(full, query[-2], key[-2], is_causal)
+
+
+def _causal_share(full, n, s, is_causal):
+    """`full` (a count over all n x s pairs, a multiple of n*s) times the visible share of the pairs."""
+    if not is_causal:
+        return full
+    visible = sum(min(i + 1, s) for i in range(n))
+    return full // (n * s) * visible
+
+
+def flop_counter_mode():
+    aten = torch.ops.aten
+    return flop_counter.FlopCounterMode(display=False, custom_mapping={
+        aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_flops,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward_flops,
+    })
+
+
+def _total(counts):
+    return int(sum(counts.values()))
+
+
+def count_flops(model, ids):
+    """FlopCounterMode counts (2mnk per matmul) on the model as it trains (grad enabled, so the attention takes
+    its training path): one forward of the whole model, the attention modules' share of it, and one forward +
+    backward of the whole model."""
+    with flop_counter_mode() as fc:
+        out = model(ids).last_hidden_state
+    per_module = fc.get_flop_counts()
+    attn = sum(_total(c) for name, c in per_module.items() if name.split(".")[-1] == "attn")
+    with flop_counter_mode() as fc:
+        model(ids).last_hidden_state.float().pow(2).mean().backward()
+    model.zero_grad(set_to_none=True)
+    del out
+    return {"flops_fwd": _total(per_module["Global"]),
+            "flops_attn": attn, "flops_fwd_bwd": fc.get_total_flops()}
+
+
+def attention_matrix_flops(attn, batch, length):
+    """FlopCounterMode count of App. D's part of one attention layer (`attn`: GPT-2's or FiSH-GPT2's): the
+    Q/K projections (bias-free count: addmm counts the product only) and the attention matrices before the
+    softmax (QK^T; for FiSH the M global QK^T and the package's own mixing, noise included in training).
+    Values, softmax and the output projection are left out, as in App. D; no mask, full N x N, as App. D.
+    Run on meta tensors: shapes only, no work."""
+    from hf_mgk.attention_fish import fish_attention_reference
+
+    attn = copy.deepcopy(attn).to("meta")
+    qk_heads = getattr(attn, "num_qk_heads", attn.num_heads)
+    width = qk_heads * attn.head_dim
+    d = attn.c_attn.weight.shape[0]
+    x = torch.empty(batch * length, d, device="meta")
+    with torch.no_grad(), flop_counter_mode() as fc:
+        qk = torch.addmm(attn.c_attn.bias[:2 * width], x, attn.c_attn.weight[:, :2 * width])
+        q, k = qk.view(batch, length, 2, qk_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
+        if hasattr(attn, "mixing"):  # value heads of size 0: the product with V counts nothing
+            value = torch.empty(batch, attn.num_heads, length, 0, device="meta")
+            noise = getattr(attn, "noise_std", None) if attn.training else None
+            fish_attention_reference(q, k, value, attn.mixing, scale=attn.scaling, noise_std=noise,
+                                     return_weights=True)
+        else:
+            torch.matmul(q, k.transpose(-1, -2))
+    return fc.get_total_flops()
+
+
+def attention_matrix_params(attn):
+    """App. D's parameters of one layer, counted on the module: the Q/K projection weights (no bias, as App. D),
+    the mixing weights p_kj (or GFiSH's network) and sigma_k."""
+    width = getattr(attn, "num_qk_heads", attn.num_heads) * attn.head_dim
+    n = attn.c_attn.weight[:, :2 * width].numel()
+    if hasattr(attn, "mixing"):
+        n += sum(p.numel() for p in ([attn.mixing] if isinstance(attn.mixing, torch.nn.Parameter)
+                                     else attn.mixing.parameters()))
+    if hasattr(attn, "noise_std"):
+        n += attn.noise_std.numel()
+    return n
+
+
+def app_d(config, batch, length):
+    """App. D (hf_mgk.fish_cost) for the whole model: per layer x layers x batch."""
+    from hf_mgk.attention_fish import fish_cost
+
+    kind = getattr(config, "attention_type", "softmax")
+    head_dim = getattr(config, "head_dim", None) or config.n_embd // config.n_head
+    m = getattr(config, "num_global_heads", 1)
+    cost = fish_cost(config.n_embd, config.n_head, m, head_dim, length,
+                     variant="fish" if kind == "softmax" else kind)
+    flops, params = (("mha_flops", "mha_params") if kind == "softmax" else ("fish_flops", "fish_params"))
+    return {"appd_flops": cost[flops] * config.n_layer * batch, "appd_params": cost[params] * config.n_layer}
+
+
+def flop_report(model, ids):
+    batch, length = ids.shape
+    layers = model.h
+    result = count_flops(model, ids)
+    result["flops_score"] = sum(attention_matrix_flops(block.attn, batch, length) for block in layers)
+    result["params_score"] = sum(attention_matrix_params(block.attn) for block in layers)
+    result["params_attn"] = sum(p.numel() for block in layers for p in block.attn.parameters())
+    result.update(app_d(model.config, batch, length))
+    return result
 
 
 def _rss_bytes():
@@ -76,14 +224,15 @@ def _rss_bytes():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def measure(kind, overrides, length, batch, repeats, threads):
-    """Runs in the child: (median step seconds, peak added MiB, parameter count)."""
+def measure(kind, overrides, length, batch, repeats, threads, count=False):
+    """Runs in the child: (median step seconds, peak added MiB, parameter count), and with `count` the FLOP and
+    parameter counts of flop_report, taken after the timed steps."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     model = build(kind, overrides, length).train()
     params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    ids = torch.randint(0, BERT_SIZE["vocab_size"], (batch, length))
+    ids = torch.randint(0, model.config.vocab_size, (batch, length))
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -98,12 +247,15 @@ def measure(kind, overrides, length, batch, repeats, threads):
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    return {"seconds": statistics.median(times), "peak_mib": max(peak, 0) / 2**20, "params": params}
+    result = {"seconds": statistics.median(times), "peak_mib": max(peak, 0) / 2**20, "params": params}
+    if count:
+        result.update(flop_report(model, ids))
+    return result
 
 
-def run_child(kind, overrides, length, args):
+def run_child(kind, overrides, length, args, count=False):
     cmd = [sys.executable, __file__, "--_child", json.dumps([kind, overrides, length, args.batch, args.repeats,
-                                                             args.threads])]
+                                                             args.threads, count])]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"}
@@ -127,11 +279,66 @@ def print_table(title, spec, results):
                   f"{r['params'] / 1e6:.2f}M | {r['params'] / b['params']:.2f} |")
 
 
+def _ratio(r, b, key):
+    return f"{r[key] / b[key]:.2f}" if b[key] else "-"
+
+
+def _g(x):
+    return f"{x / 1e9:.3f}"
+
+
+def print_flop_table(title, spec, results):
+    base = spec["baseline"]
+    print(f"\n## {title.rstrip('.')}: FLOPs")
+    print("Counted: torch.utils.flop_counter.FlopCounterMode on the model in training mode (grad enabled, so the "
+          "training path), batch as above. It counts matrix products only, 2*m*n*k for (m x k)(k x n), and no "
+          "elementwise op (softmax, noise, bias). CPU SDPA (no PyTorch formula) is counted with PyTorch's SDPA "
+          "formula on the causal triangle's visible pairs. App. D counts (2k-1)*m*n per product, plus the noise "
+          "add (M*N^2) for the noisy types; its part is the attention matrices only: Q/K projections + QK^T "
+          "(+ mixing), full N x N, no softmax, values or output projection. 'score part, counted' is that same "
+          "part counted by FlopCounterMode (full N x N, on meta tensors). Every column: all layers, whole batch; "
+          "GFLOP = 1e9.")
+    print("| model | N | fwd, whole model | x base | fwd+bwd, whole model | x base | fwd, attention layers | "
+          "x base | score part, counted | x base | score part, App. D | x base |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for length in spec["lengths"]:
+        b = results[(base, length)]
+        for name in spec["cases"]:
+            r = results[(name, length)]
+            if "error" in r or "error" in b:
+                print(f"| {name} | {length} | {r.get('error', 'baseline failed')} |" + " |" * 10)
+                continue
+            cells = [f"{_g(r[k])} | {_ratio(r, b, k)}"
+                     for k in ("flops_fwd", "flops_fwd_bwd", "flops_attn", "flops_score", "appd_flops")]
+            print(f"| {name} | {length} | " + " | ".join(cells) + " |")
+
+
+def print_param_table(title, spec, results):
+    base = spec["baseline"]
+    print(f"\n## {title.rstrip('.')}: parameters")
+    print("'attention-matrix part': Q/K projection weights (no bias) + mixing weights + sigma_k, all layers; "
+          "counted on the modules vs App. D (iii)/(iv) (hf_mgk.fish_cost; the GFiSH/MiSH/hard terms are the "
+          "package's extension of App. D). 'attention layers': every parameter of the attention modules.")
+    print("| model | whole model | x base | attention layers | x base | attention-matrix part, counted | x base | "
+          "attention-matrix part, App. D | x base |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    length = next((n for n in spec["lengths"] if "error" not in results[(base, n)]), spec["lengths"][0])
+    b = results[(base, length)]
+    for name in spec["cases"]:
+        r = results[(name, length)]
+        if "error" in r or "error" in b:
+            print(f"| {name} | {r.get('error', 'baseline failed')} |" + " |" * 7)
+            continue
+        cells = [f"{r[k]:,} | {_ratio(r, b, k)}" for k in ("params", "params_attn", "params_score", "appd_params")]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--family", choices=sorted(FAMILIES) + ["all"], default="all")
     p.add_argument("--lengths", type=int, nargs="*", help="sequence lengths (default: per family)")
     p.add_argument("--heads", type=int, default=8, help="the baseline's heads H")
+    p.add_argument("--global-heads", type=int, default=2, help="FiSH's global heads M (fish family)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
@@ -146,8 +353,9 @@ def main():
         results = {}
         for length in spec["lengths"]:
             for case, (kind, overrides) in spec["cases"].items():
-                results[(case, length)] = run_child(kind, overrides, length, args)
-        print_table(f"{name}: {FAMILIES[name].__doc__.strip()}", spec, results)
+                results[(case, length)] = run_child(kind, overrides, length, args, spec.get("count_flops", False))
+        for table in spec.get("tables", [print_table]):
+            table(f"{name}: {FAMILIES[name].__doc__.strip()}", spec, results)
 
 
 if __name__ == "__main__":
