@@ -10,8 +10,12 @@ training steps (forward + backward of the encoder + an SGD step; no LM head, so 
 not hide the attention), and the peak resident memory the step adds above the loaded model (ru_maxrss minus the
 RSS before the first step). Shared machines are noisy: read the ratios, which are taken in the same run.
 
-The fish family also counts FLOPs, after the timed steps, with torch.utils.flop_counter.FlopCounterMode (see
-count_flops and attention_matrix_flops), and prints the App. D formulas (hf_mgk.fish_cost) beside them.
+The fish family also counts FLOPs, on the (untimed) warm-up step, with torch.utils.flop_counter.FlopCounterMode
+(see count_flops and attention_matrix_flops), and prints the App. D formulas (hf_mgk.fish_cost) beside them.
+
+With several threads on cores that other work keeps busy, every parallelised op waits for its slowest thread
+(measured here: an in-place add on 2^20 floats, 0.24 ms on 1 thread, 4.5 ms on 2), which penalises models made
+of many small ops far more than their FLOPs: compare --threads 1 with the default.
 """
 
 import argparse
@@ -66,6 +70,7 @@ def mgk_cases(args):
 GPT2_SIZE = dict(n_embd=512, n_layer=2, n_inner=2048, vocab_size=1000, bos_token_id=0, eos_token_id=0,
                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 FISH_TYPES = ("hard_fish", "fish", "mish", "hard_gfish", "gfish")
+FISH_DEFAULT = ("hard_fish", "fish", "mish", "hard_gfish")  # gfish = hard_gfish + noise: --fish-types to add
 
 
 @family("fish")
@@ -75,7 +80,7 @@ def fish_cases(args):
     head_dim = GPT2_SIZE["n_embd"] // heads
     base = f"GPT-2, {heads} heads (SDPA)"
     cases = {base: ("gpt2", {"n_head": heads})}
-    for kind in FISH_TYPES:
+    for kind in args.fish_types or FISH_DEFAULT:
         cases[f"FiSH-GPT2 {kind}, {heads}+{m} heads"] = (
             "fish_gpt2", {"n_head": heads, "head_dim": head_dim, "num_global_heads": m, "attention_type": kind})
     return {"lengths": args.lengths or [256, 512, 1024, 2048, 4096], "baseline": base, "cases": cases,
@@ -140,20 +145,23 @@ def _total(counts):
     return int(sum(counts.values()))
 
 
-def count_flops(model, ids):
-    """FlopCounterMode counts (2mnk per matmul) on the model as it trains (grad enabled, so the attention takes
-    its training path): one forward of the whole model, the attention modules' share of it, and one forward +
-    backward of the whole model."""
+def count_flops(model, ids, step=None):
+    """FlopCounterMode counts (2mnk per matmul) of one training step on the model as it trains (grad enabled,
+    so the attention takes its training path): the forward of the whole model, the attention modules' share
+    of that forward (taken before the backward, whose module attribution is not reliable), and forward +
+    backward. `step(on_forward)` runs one step and calls on_forward() between forward and backward; by
+    default a forward, the benchmark's loss and a backward (gradients cleared after)."""
+    if step is None:
+        def step(on_forward):
+            hidden = model(ids).last_hidden_state
+            on_forward()
+            hidden.float().pow(2).mean().backward()
+            model.zero_grad(set_to_none=True)
+    forward = {}
     with flop_counter_mode() as fc:
-        out = model(ids).last_hidden_state
-    per_module = fc.get_flop_counts()
-    attn = sum(_total(c) for name, c in per_module.items() if name.split(".")[-1] == "attn")
-    with flop_counter_mode() as fc:
-        model(ids).last_hidden_state.float().pow(2).mean().backward()
-    model.zero_grad(set_to_none=True)
-    del out
-    return {"flops_fwd": _total(per_module["Global"]),
-            "flops_attn": attn, "flops_fwd_bwd": fc.get_total_flops()}
+        step(lambda: forward.update(fc.get_flop_counts()))
+    attn = sum(_total(c) for name, c in forward.items() if name.split(".")[-1] == "attn")
+    return {"flops_fwd": _total(forward["Global"]), "flops_attn": attn, "flops_fwd_bwd": fc.get_total_flops()}
 
 
 def attention_matrix_flops(attn, batch, length):
@@ -208,10 +216,11 @@ def app_d(config, batch, length):
     return {"appd_flops": cost[flops] * config.n_layer * batch, "appd_params": cost[params] * config.n_layer}
 
 
-def flop_report(model, ids):
+def flop_report(model, ids, step=None):
+    """count_flops (of `step`, see there), plus the attention-matrix part counted and by App. D (all layers)."""
     batch, length = ids.shape
     layers = model.h
-    result = count_flops(model, ids)
+    result = count_flops(model, ids, step)
     result["flops_score"] = sum(attention_matrix_flops(block.attn, batch, length) for block in layers)
     result["params_score"] = sum(attention_matrix_params(block.attn) for block in layers)
     result["params_attn"] = sum(p.numel() for block in layers for p in block.attn.parameters())
@@ -226,7 +235,7 @@ def _rss_bytes():
 
 def measure(kind, overrides, length, batch, repeats, threads, count=False):
     """Runs in the child: (median step seconds, peak added MiB, parameter count), and with `count` the FLOP and
-    parameter counts of flop_report, taken after the timed steps."""
+    parameter counts of flop_report, taken on the (untimed) warm-up step."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     model = build(kind, overrides, length).train()
@@ -234,13 +243,17 @@ def measure(kind, overrides, length, batch, repeats, threads, count=False):
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     ids = torch.randint(0, model.config.vocab_size, (batch, length))
 
-    def step():
+    def step(on_forward=None):
         opt.zero_grad(set_to_none=True)
-        model(ids).last_hidden_state.float().pow(2).mean().backward()
+        hidden = model(ids).last_hidden_state
+        if on_forward is not None:
+            on_forward()
+        hidden.float().pow(2).mean().backward()
         opt.step()
 
     rss_before = _rss_bytes()
-    step()  # warm-up: allocations, kernel selection
+    # warm-up: allocations, kernel selection; with `count` it is the step FlopCounterMode counts (untimed)
+    counts = flop_report(model, ids, step) if count else step()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before
     times = []
     for _ in range(repeats):
@@ -249,7 +262,7 @@ def measure(kind, overrides, length, batch, repeats, threads, count=False):
         times.append(time.perf_counter() - start)
     result = {"seconds": statistics.median(times), "peak_mib": max(peak, 0) / 2**20, "params": params}
     if count:
-        result.update(flop_report(model, ids))
+        result.update(counts)
     return result
 
 
@@ -339,6 +352,8 @@ def main():
     p.add_argument("--lengths", type=int, nargs="*", help="sequence lengths (default: per family)")
     p.add_argument("--heads", type=int, default=8, help="the baseline's heads H")
     p.add_argument("--global-heads", type=int, default=2, help="FiSH's global heads M (fish family)")
+    p.add_argument("--fish-types", nargs="*", choices=FISH_TYPES,
+                   help=f"FiSH attention types (fish family; default: {' '.join(FISH_DEFAULT)})")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
