@@ -4,6 +4,7 @@
     python scripts/benchmark.py --family mgk                  # MGK-BERT (H/2 heads, M=2) vs BERT (H heads, SDPA)
     python scripts/benchmark.py --family mgk --lengths 128 512 --repeats 5
     python scripts/benchmark.py --family fish                 # FiSH-GPT2 (8 local heads, M=2) vs GPT-2 (8 heads, SDPA)
+    python scripts/benchmark.py --family nprf                 # NPRF paths vs SDPA; NPRF-RoBERTa vs RoBERTa, Longformer
 
 Each (model, length) is measured in a fresh child process: a warm-up step, then the median of `--repeats`
 training steps (forward + backward of the encoder + an SGD step; no LM head, so the vocabulary projection does
@@ -266,13 +267,17 @@ def measure(kind, overrides, length, batch, repeats, threads, count=False):
     return result
 
 
-def run_child(kind, overrides, length, args, count=False):
-    cmd = [sys.executable, __file__, "--_child", json.dumps([kind, overrides, length, args.batch, args.repeats,
-                                                             args.threads, count])]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+def call_child(name, call_args):
+    """Run CHILD_FUNCTIONS[name](*call_args) in a fresh interpreter (clean memory peak); its result dict."""
+    proc = subprocess.run([sys.executable, __file__, "--_child", json.dumps([name, call_args])],
+                          capture_output=True, text=True)
     if proc.returncode != 0:
-        return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"}
+        return {"error": proc.stderr.strip().splitlines()[-1][:120] if proc.stderr.strip() else "failed"}
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_child(kind, overrides, length, args, count=False):
+    return call_child("measure", [kind, overrides, length, args.batch, args.repeats, args.threads, count])
 
 
 def print_table(title, spec, results):
@@ -346,6 +351,160 @@ def print_param_table(title, spec, results):
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 
+# ------------------------------------------------------------------ NPRF
+NPRF_ATTN = dict(batch=1, heads=8, head_dim=64, features=32)
+NPRF_WIDTH = dict(hidden_size=512, num_hidden_layers=2, num_attention_heads=8, intermediate_size=2048,
+                  vocab_size=1000, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+NPRF_PATHS = ("explicit", "fft", "band")
+
+
+def nprf_attention_step(path, length, causal):
+    """fwd+bwd of one attention call on random (B, H, N, D) inputs: SDPA or one exact NPRF path."""
+    from hf_mgk import attention_nprf as an
+
+    b, h, d, m = (NPRF_ATTN[k] for k in ("batch", "heads", "head_dim", "features"))
+    q, k, v = (torch.randn(b, h, length, d, requires_grad=True) for _ in range(3))
+    if path == "sdpa":
+        return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal).sum().backward()
+    table = torch.zeros(h, 32, requires_grad=True)  # T5 buckets, the model's defaults (32 buckets, distance 128)
+    w = an.t5_constant_distance(not causal, 32, 128)
+    features = an.draw_features(m, d, torch.Generator().manual_seed(0))
+
+    def step():
+        bias = an.rpe_bias_from_buckets(table, length, bidirectional=not causal, max_distance=128)
+        an._nprf_attention(q, k, v, bias, features, True, w, None, causal, False, path=path).sum().backward()
+    return step
+
+
+def nprf_explicit_fits(length):
+    """The explicit path keeps several B*H*N*N float32 tensors for backward: skip it where that passes ~8 GiB."""
+    return 6 * NPRF_ATTN["batch"] * NPRF_ATTN["heads"] * length * length * 4 < 8 * 2**30
+
+
+def measure_attention(path, length, causal, repeats, threads):
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    step = nprf_attention_step(path, length, causal)
+    rss_before = _rss_bytes()
+    step()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return {"seconds": statistics.median(times), "peak_mib": max(peak, 0) / 2**20}
+
+
+def whole_model_forward(kind, length):
+    """One forward (no grad) of an encoder of equal width at this length."""
+    if kind == "nprf":
+        from hf_mgk import NPRFRobertaConfig, NPRFRobertaModel
+
+        model = NPRFRobertaModel(NPRFRobertaConfig(**NPRF_WIDTH, use_absolute_positions=False,
+                                                   num_random_features=NPRF_ATTN["features"]), add_pooling_layer=False)
+    elif kind == "roberta":
+        from transformers import RobertaConfig, RobertaModel
+
+        config = RobertaConfig(**NPRF_WIDTH, max_position_embeddings=length + 2)
+        config._attn_implementation = "sdpa"
+        model = RobertaModel(config, add_pooling_layer=False)
+    elif kind == "longformer":
+        from transformers import LongformerConfig, LongformerModel
+
+        model = LongformerModel(LongformerConfig(**NPRF_WIDTH, attention_window=256,
+                                                 max_position_embeddings=length + 2), add_pooling_layer=False)
+    else:
+        raise ValueError(kind)
+    model.eval()
+    ids = torch.randint(3, NPRF_WIDTH["vocab_size"], (1, length))
+    return lambda: model(ids)
+
+
+def measure_forward(kind, length, repeats, threads):
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        forward = whole_model_forward(kind, length)
+        rss_before = _rss_bytes()
+        forward()
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            forward()
+            times.append(time.perf_counter() - start)
+    return {"seconds": statistics.median(times), "peak_mib": max(peak, 0) / 2**20}
+
+
+@family("nprf")
+def nprf_cases(args):
+    """NPRF attention (each exact path) vs SDPA, and whole NPRF-RoBERTa vs RoBERTa (SDPA) and Longformer."""
+    return {"runner": run_nprf}
+
+
+def run_nprf(args):
+    """Attention fwd+bwd per path and length, growth per doubling and the crossover; then whole-model forwards.
+    Lengths above 4096 are timed once (a single 16k SDPA step takes tens of seconds here)."""
+    lengths = args.lengths or [512, 1024, 2048, 4096, 8192, 16384]
+    for causal in (False, True):
+        rows = {}
+        for length in lengths:
+            for path in ("sdpa",) + NPRF_PATHS:
+                if path == "explicit" and not nprf_explicit_fits(length):
+                    rows[(path, length)] = {"error": "skipped (N^2 memory)"}
+                    continue
+                repeats = args.repeats if length <= 4096 else 1
+                rows[(path, length)] = call_child("measure_attention", [path, length, causal, repeats,
+                                                                             args.threads])
+        title = ("causal" if causal else "bidirectional") + " attention, fwd+bwd"
+        print(f"\n## nprf: {title} (B=1, H=8, D=64, m=32, T5 buckets 32/128); ratio = time / SDPA's")
+        print("| N | SDPA ms | " + " | ".join(f"{p} ms | x SDPA | MiB" for p in NPRF_PATHS) + " | SDPA MiB |")
+        print("|---:|---:|" + "---:|---:|---:|" * len(NPRF_PATHS) + "---:|")
+        for length in lengths:
+            s = rows[("sdpa", length)]
+            cells = []
+            for p in NPRF_PATHS:
+                r = rows[(p, length)]
+                if "error" in r or "error" in s:
+                    cells.append(f"{r.get('error', '')} | | ")
+                else:
+                    cells.append(f"{1000 * r['seconds']:.0f} | {r['seconds'] / s['seconds']:.2f} | {r['peak_mib']:.0f}")
+            sdpa_ms = f"{1000 * s['seconds']:.0f}" if "error" not in s else s["error"]
+            print(f"| {length} | {sdpa_ms} | " + " | ".join(cells) + f" | {s.get('peak_mib', 0):.0f} |")
+        print("\ngrowth per doubling of N (time(2N) / time(N)):")
+        for p in ("sdpa",) + NPRF_PATHS:
+            ratios = [rows[(p, b)]["seconds"] / rows[(p, a)]["seconds"] for a, b in zip(lengths, lengths[1:])
+                      if "error" not in rows[(p, a)] and "error" not in rows[(p, b)]]
+            print(f"  {p}: " + ", ".join(f"{r:.2f}" for r in ratios))
+        fastest = {n: min((rows[(p, n)]["seconds"], p) for p in NPRF_PATHS if "error" not in rows[(p, n)])
+                   for n in lengths}
+        crossing = [n for n in lengths if fastest[n][0] < rows[("sdpa", n)]["seconds"]]
+        print(f"crossover: NPRF's fastest exact path beats SDPA from N = {crossing[0] if crossing else 'never'} "
+              f"(lengths tried {lengths})")
+    print("\n## nprf: whole-model forward, no grad, equal width (hidden 512, 2 layers, 8 heads); x = time / RoBERTa's")
+    print("| N | RoBERTa (SDPA) ms | NPRF-RoBERTa ms | x | Longformer (window 256) ms | x |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for length in lengths:
+        res = {kind: call_child("measure_forward", [kind, length, args.repeats if length <= 4096 else 1,
+                                                         args.threads])
+               for kind in ("roberta", "nprf", "longformer")}
+        base = res["roberta"]
+        cells = []
+        for kind in ("nprf", "longformer"):
+            r = res[kind]
+            if "error" in r or "error" in base:
+                cells.append(f"{r.get('error', base.get('error'))} | ")
+            else:
+                cells.append(f"{1000 * r['seconds']:.0f} | {r['seconds'] / base['seconds']:.2f}")
+        base_ms = f"{1000 * base['seconds']:.0f}" if "error" not in base else base["error"]
+        print(f"| {length} | {base_ms} | " + " | ".join(cells) + " |")
+
+
+CHILD_FUNCTIONS = {"measure": measure, "measure_attention": measure_attention,
+                   "measure_forward": measure_forward}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--family", choices=sorted(FAMILIES) + ["all"], default="all")
@@ -360,11 +519,15 @@ def main():
     p.add_argument("--_child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args._child:
-        print(json.dumps(measure(*json.loads(args._child))))
+        name, call_args = json.loads(args._child)
+        print(json.dumps(CHILD_FUNCTIONS[name](*call_args)))
         return
     print(f"torch {torch.__version__}, {args.threads} threads, batch {args.batch}, median of {args.repeats} steps")
     for name in sorted(FAMILIES) if args.family == "all" else [args.family]:
         spec = FAMILIES[name](args)
+        if "runner" in spec:
+            spec["runner"](args)
+            continue
         results = {}
         for length in spec["lengths"]:
             for case, (kind, overrides) in spec["cases"].items():
