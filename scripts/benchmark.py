@@ -381,10 +381,8 @@ def nprf_explicit_fits(length):
     return 6 * NPRF_ATTN["batch"] * NPRF_ATTN["heads"] * length * length * 4 < 8 * 2**30
 
 
-def measure_attention(path, length, causal, repeats, threads):
-    torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    step = nprf_attention_step(path, length, causal)
+def _timed(step, repeats):
+    """A warm-up call (its peak RSS above the RSS before it is the memory figure), then the median of `repeats`."""
     rss_before = _rss_bytes()
     step()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before
@@ -394,6 +392,12 @@ def measure_attention(path, length, causal, repeats, threads):
         step()
         times.append(time.perf_counter() - start)
     return {"seconds": statistics.median(times), "peak_mib": max(peak, 0) / 2**20}
+
+
+def measure_attention(path, length, causal, repeats, threads):
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    return _timed(nprf_attention_step(path, length, causal), repeats)
 
 
 def whole_model_forward(kind, length):
@@ -425,16 +429,7 @@ def measure_forward(kind, length, repeats, threads):
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     with torch.no_grad():
-        forward = whole_model_forward(kind, length)
-        rss_before = _rss_bytes()
-        forward()
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            forward()
-            times.append(time.perf_counter() - start)
-    return {"seconds": statistics.median(times), "peak_mib": max(peak, 0) / 2**20}
+        return _timed(whole_model_forward(kind, length), repeats)
 
 
 @family("nprf")
