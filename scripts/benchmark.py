@@ -252,16 +252,10 @@ def measure(kind, overrides, length, batch, repeats, threads, count=False):
         hidden.float().pow(2).mean().backward()
         opt.step()
 
-    rss_before = _rss_bytes()
     # warm-up: allocations, kernel selection; with `count` it is the step FlopCounterMode counts (untimed)
-    counts = flop_report(model, ids, step) if count else step()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    result = {"seconds": statistics.median(times), "peak_mib": max(peak, 0) / 2**20, "params": params}
+    warm_up = (lambda: flop_report(model, ids, step)) if count else step
+    result, counts = _timed(step, repeats, warm_up)
+    result["params"] = params
     if count:
         result.update(counts)
     return result
@@ -364,15 +358,18 @@ def nprf_attention_step(path, length, causal):
 
     b, h, d, m = (NPRF_ATTN[k] for k in ("batch", "heads", "head_dim", "features"))
     q, k, v = (torch.randn(b, h, length, d, requires_grad=True) for _ in range(3))
+    # A dense upstream gradient, as from the layers above (`.sum().backward()` would pass a stride-0 one, which
+    # makes bmm's backward copy it matrix by matrix).
+    grad = torch.randn(b, h, length, d)
     if path == "sdpa":
-        return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal).sum().backward()
+        return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(grad)
     table = torch.zeros(h, 32, requires_grad=True)  # T5 buckets, the model's defaults (32 buckets, distance 128)
     w = an.t5_constant_distance(not causal, 32, 128)
     features = an.draw_features(m, d, torch.Generator().manual_seed(0))
 
     def step():
         bias = an.rpe_bias_from_buckets(table, length, bidirectional=not causal, max_distance=128)
-        an._nprf_attention(q, k, v, bias, features, True, w, None, causal, False, path=path).sum().backward()
+        an._nprf_attention(q, k, v, bias, features, True, w, None, causal, False, path=path).backward(grad)
     return step
 
 
@@ -381,23 +378,24 @@ def nprf_explicit_fits(length):
     return 6 * NPRF_ATTN["batch"] * NPRF_ATTN["heads"] * length * length * 4 < 8 * 2**30
 
 
-def _timed(step, repeats):
-    """A warm-up call (its peak RSS above the RSS before it is the memory figure), then the median of `repeats`."""
+def _timed(step, repeats, warm_up=None):
+    """A warm-up call (`warm_up`, default `step`; its peak RSS above the RSS before it is the memory figure),
+    then the median of `repeats` calls of `step`. Returns ({seconds, peak_mib}, the warm-up's return value)."""
     rss_before = _rss_bytes()
-    step()
+    warm = (warm_up or step)()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    return {"seconds": statistics.median(times), "peak_mib": max(peak, 0) / 2**20}
+    return {"seconds": statistics.median(times), "peak_mib": max(peak, 0) / 2**20}, warm
 
 
 def measure_attention(path, length, causal, repeats, threads):
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    return _timed(nprf_attention_step(path, length, causal), repeats)
+    return _timed(nprf_attention_step(path, length, causal), repeats)[0]
 
 
 def whole_model_forward(kind, length):
@@ -429,7 +427,7 @@ def measure_forward(kind, length, repeats, threads):
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     with torch.no_grad():
-        return _timed(whole_model_forward(kind, length), repeats)
+        return _timed(whole_model_forward(kind, length), repeats)[0]
 
 
 @family("nprf")

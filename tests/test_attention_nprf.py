@@ -92,10 +92,34 @@ def test_band_matches_explicit(causal, max_distance, block, monkeypatch):
     # n = ⌈(w−1)/block⌉ neighbour blocks each side: 0 (w = 1), 1, 1 (the second neighbour starts at offset 17),
     # 2 (offset 17 < 18 in the second neighbour), 3, 2 (one far block each side at most), 7 (w > N: no far
     # blocks at all). N = 150 is not a multiple of the block.
-    monkeypatch.setattr(nprf, "BAND_BLOCK", block)
+    monkeypatch.setattr(nprf, "_band_block", lambda w: block)
     q, k, v, b, W = make_inputs()
     mask = padding_mask(2, 150)
     kw = dict(max_distance=max_distance, mask=mask, causal=causal)
+    ref = with_grads("explicit", q, k, v, b, W, **kw)
+    for got, want, name in zip(with_grads("band", q, k, v, b, W, **kw), ref, ("z", "dq", "dk", "dv", "db")):
+        assert rel(got, want) <= 1e-4, name
+
+
+@pytest.mark.parametrize("w", [1, 2, 20, 65, 91, 113, 128, 300])
+def test_band_block_covers_the_band_evenly(w):
+    P = nprf._band_block(w)
+    n = -(-(w - 1) // P)
+    if w - 1 <= nprf.BAND_BLOCK:
+        assert P == nprf.BAND_BLOCK
+    else:
+        assert nprf.BAND_BLOCK // 2 <= P <= 3 * nprf.BAND_BLOCK // 2
+        # n blocks reach every offset below w with fewer than n spare keys on each side.
+        assert n * P >= w - 1 and n * P - (w - 1) < n
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_band_with_its_own_block_matches_explicit(causal):
+    # The model's defaults: T5 buckets 32/128, w = 91 (P = 90) or 113 (P = 56).
+    w = t5_constant_distance(not causal, 32, 128)
+    q, k, v, _, W = make_inputs(N=400)
+    b = rpe_bias_from_buckets(torch.randn(q.shape[1], 32), 400, bidirectional=not causal, max_distance=128)
+    kw = dict(max_distance=w, mask=padding_mask(2, 400), causal=causal)
     ref = with_grads("explicit", q, k, v, b, W, **kw)
     for got, want, name in zip(with_grads("band", q, k, v, b, W, **kw), ref, ("z", "dq", "dk", "dv", "db")):
         assert rel(got, want) <= 1e-4, name
@@ -200,7 +224,7 @@ def test_no_valid_key_gives_zero_and_finite_gradients():
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_no_rpe_is_plain_linear_attention(path, causal, monkeypatch):
-    monkeypatch.setattr(nprf, "BAND_BLOCK", 16)
+    monkeypatch.setattr(nprf, "_band_block", lambda w: 16)
     q, k, v, _, W = make_inputs(N=100, dtype=torch.float64)
     mask = padding_mask(2, 100)
     z = attend(path, q, k, v, None, W, mask=mask, causal=causal)
@@ -222,7 +246,7 @@ def test_no_rpe_is_plain_linear_attention(path, causal, monkeypatch):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_unnormalized_prf_matches_its_formula(path, causal, monkeypatch):
-    monkeypatch.setattr(nprf, "BAND_BLOCK", 8)
+    monkeypatch.setattr(nprf, "_band_block", lambda w: 8)
     N, w = 80, 6
     q, k, v, b, W = make_inputs(N=N, D=8, dtype=torch.float64)
     q, k = 0.7 * q, 0.7 * k  # ‖x‖ ~ 2: large enough to differ from the normalized form, small for exp
@@ -313,7 +337,7 @@ def test_t5_constant_distance_defaults():
 
 @pytest.mark.parametrize("bidirectional", [True, False])
 def test_bucketed_bias_band_equals_unclamped_explicit(bidirectional, monkeypatch):
-    monkeypatch.setattr(nprf, "BAND_BLOCK", 8)
+    monkeypatch.setattr(nprf, "_band_block", lambda w: 8)
     N, num_buckets, max_distance = 200, 16, 40
     d = t5_constant_distance(bidirectional, num_buckets, max_distance)
     q, k, v, _, W = make_inputs(N=N)
@@ -340,7 +364,7 @@ def test_path_selection_and_auto_result(monkeypatch):
     zeros = torch.zeros(1)
     assert nprf._choose_path(1, 64, 64, zeros, 10, True) == "explicit"  # return_weights
     assert nprf._choose_path(1, 64, 32, None, None, False) == "explicit"  # cross-attention
-    n_band = 2 * 10 + 3 * nprf.BAND_BLOCK + 1
+    n_band = 2 * 10 + 3 * nprf._band_block(10) + 1
     assert nprf._choose_path(1, n_band, n_band, zeros, 10, False) == "band"
     assert nprf._choose_path(1, n_band - 1, n_band - 1, zeros, 10, False) == "explicit"
     assert nprf._choose_path(1, n_band, n_band, None, None, False) == "band"  # no bias: c constant everywhere
@@ -349,7 +373,7 @@ def test_path_selection_and_auto_result(monkeypatch):
     assert nprf._choose_path(8, n + 1, n + 1, zeros, None, False) == "fft"
     assert nprf._choose_path(1, 4000, 4000, zeros, 3000, False) == "explicit"  # band wider than the sequence
     # The public function picks a fast path by itself and gives the same answer.
-    monkeypatch.setattr(nprf, "BAND_BLOCK", 8)
+    monkeypatch.setattr(nprf, "_band_block", lambda w: 8)
     q, k, v, b, W = make_inputs(N=100)
     seen = []
     monkeypatch.setattr(nprf, "_band", lambda *a: seen.append("band") or nprf_band(*a))

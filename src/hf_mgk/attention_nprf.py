@@ -19,7 +19,7 @@ them, all giving the same function (tests check outputs and gradients against ea
 
 Path rule (`_choose_path`), measured on this project's 2-thread CPU (fwd+bwd, H=8, D=64, m=32, T5 buckets):
   1. explicit if return_weights or N ≠ S;
-  2. band if it applies and its band is narrower than the sequence, 2w + 3·BAND_BLOCK < N: there it was never
+  2. band if it applies and its band is narrower than the sequence, 2w + 3P < N (P = `_band_block(w)`): there it was never
      slower than explicit (N=384: 26 vs 30 ms, N=1024: 76 vs 293 ms) and it matches SDPA from N ≈ 1k;
   3. otherwise explicit while its weights stay small, B·H·N·S ≤ EXPLICIT_MAX_WEIGHTS (B·H = 8: N ≤ 2896; its
      fwd+bwd peak is ~6 such N×S tensors, measured 3.3 GiB at B·H·N·S = 2^27), else fft. Memory decides, not
@@ -57,8 +57,8 @@ __all__ = [
 # Path selection (module docstring). Plain module constants, so they can be retuned for other hardware.
 # Largest B·H·N·S for the explicit path when the band path does not apply: 256 MiB per float32 N×S tensor.
 EXPLICIT_MAX_WEIGHTS = 2**26
-# Band block length, independent of max_distance: shorter blocks waste less band, longer ones make better
-# matmuls (measured best at 32-64).
+# Target band block length. The block actually used divides the band evenly (`_band_block`): shorter blocks
+# waste less band, longer ones make better matmuls (measured best at 32-96).
 BAND_BLOCK = 64
 # FFT precision. FFT round-off is absolute, set by the largest terms (the largest c, φ ≥ 0 piling up at frequency
 # 0), so a row whose own terms are all small loses its relative precision: early causal rows (a few keys) when b
@@ -203,18 +203,15 @@ def _choose_path(BH, N, S, rpe_bias, max_distance, return_weights):
     if return_weights or N != S:
         return "explicit"
     w = 0 if rpe_bias is None else max_distance
-    # The band path sees about 2w + 3·BAND_BLOCK keys per query where the explicit one sees N.
-    if w is not None and 2 * w + 3 * BAND_BLOCK < N:
+    # The band path sees under 2w + 3P keys per query where the explicit one sees N.
+    if w is not None and 2 * w + 3 * _band_block(w) < N:
         return "band"
     return "explicit" if BH * N * S <= EXPLICIT_MAX_WEIGHTS else "fft"
 
 
 def _feature_maps(q, k, W, normalize, valid):
     """φ(q̂), φ(k̂) of Eq. (5), each up to a constant factor that cancels in Eq. (10) and keeps exp ≤ 1."""
-    if normalize:
-        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
-    log_q = q @ W.T - 0.5 * (q * q).sum(-1, keepdim=True)
-    log_k = k @ W.T - 0.5 * (k * k).sum(-1, keepdim=True)
+    log_q, log_k = _log_features(q, W, normalize), _log_features(k, W, normalize)
     if valid is not None:
         # Padded keys: φ = 0. Masked before exp so that no inf·0 reaches the backward pass.
         log_k = log_k.masked_fill(~valid[:, None, :, None], float("-inf"))
@@ -228,6 +225,20 @@ def _feature_maps(q, k, W, normalize, valid):
         k_shift = log_k.amax(dim=(-2, -1), keepdim=True)
         k_shift = torch.where(torch.isfinite(k_shift), k_shift, torch.zeros_like(k_shift))  # all padded
     return torch.exp(log_q - q_shift.detach()), torch.exp(log_k - k_shift.detach())
+
+
+def _log_features(x, W, normalize):
+    """W x̂ − ‖x̂‖²/2 with x̂ = x/‖x‖ (F.normalize's eps: a zero vector stays zero) or x̂ = x.
+
+    Normalising after the projection, W x̂ = (W x)/‖x‖, divides m values per position instead of D, and its
+    backward is far cheaper than F.normalize's (measured: the feature maps went from 13 to ~5 ms of a 1k-token
+    fwd+bwd); the result is the same function.
+    """
+    if not normalize:
+        return x @ W.T - 0.5 * (x * x).sum(-1, keepdim=True)
+    norm = x.norm(dim=-1, keepdim=True)
+    clamped = norm.clamp_min(1e-12)
+    return (x @ W.T) / clamped - 0.5 * (norm / clamped).square()
 
 
 def _toeplitz_coefficients(rpe_bias, S, max_distance, is_causal, dtype, device):
@@ -364,6 +375,16 @@ def _fft_length(n):
     return best
 
 
+def _band_block(w):
+    """Block length P near BAND_BLOCK with n·P just ≥ w − 1: the band then covers 2w − 1 offsets with less
+    than 2n extra keys per query (BAND_BLOCK itself would leave up to 2P − 2 unused ones, 30% more work at
+    the default w = 91)."""
+    if w - 1 <= BAND_BLOCK:  # one neighbour block each side (or none): blocks shorter than this only cost
+        return BAND_BLOCK
+    n = round((w - 1) / BAND_BLOCK)
+    return -(-(w - 1) // n)
+
+
 def _band(phi_q, phi_k, v1, c, w, is_causal):
     """Band plus constant triangles (SPEC §4): exact when c_t = c_{±w} for |t| ≥ w.
 
@@ -376,7 +397,7 @@ def _band(phi_q, phi_k, v1, c, w, is_causal):
     """
     B, H, N, m = phi_q.shape
     S, E = phi_k.shape[-2], v1.shape[-1]
-    P = BAND_BLOCK
+    P = _band_block(w)
     n = max(0, -(-(w - 1) // P))
     nb = -(-N // P)
 
