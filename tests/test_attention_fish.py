@@ -67,23 +67,40 @@ def assert_grads_rel(grads, ref_grads, tol=1e-5):
         assert_rel(g, rg, tol, floor)
 
 
-@pytest.fixture(params=["blocks", "fused"])
+@pytest.fixture(params=["blocks", "fused", "autograd"])
 def path(request, monkeypatch):
-    """blocks: the materialised path in query blocks of 2 rows, so block slicing is exercised;
-    fused: the fused SDPA path wherever it applies (hard FiSH), as for long sequences in training.
-    (The tensors here require grad, so on the CPU the default is the blocked path.)"""
-    if request.param == "blocks":
+    """blocks: query blocks of 2 rows, so block slicing is exercised (the recomputing path for FiSH and hard
+    FiSH, autograd through the materialised blocks for the rest); fused: the fused SDPA path (hard FiSH), as
+    on an accelerator; autograd: blocks of 2 rows through autograd for every variant, as under autocast."""
+    if request.param in ("blocks", "autograd"):
         monkeypatch.setattr(af, "_BLOCK_ROWS", 2)
-    else:
-        monkeypatch.setattr(af, "_SAVED_SCORES_LIMIT", -1)
+    if request.param == "fused":
+        monkeypatch.setattr(af, "_recomputed_attention", af_fused_instead)
+    if request.param == "autograd":
+        monkeypatch.setattr(af, "_recomputed_attention", af_blocked_instead)
     return request.param
+
+
+RECOMPUTED = af._recomputed_attention
+
+
+def af_fused_instead(query, key, value, p, scale, noise_std, eps, attention_mask, is_causal):
+    if noise_std is not None:  # the fused call has no noise: FiSH keeps its own path
+        return RECOMPUTED(query, key, value, p, scale, noise_std, eps, attention_mask, is_causal)
+    return af._fused_attention(query, key, value, p, scale, attention_mask, is_causal)
+
+
+def af_blocked_instead(query, key, value, p, scale, noise_std, eps, attention_mask, is_causal):
+    return af._blocked_attention(query, key, value, p, scale, noise_std, eps, attention_mask, is_causal, 0.0,
+                                 False)[0]
 
 
 @pytest.mark.parametrize("N,S", [(6, 6), (3, 7), (1, 7), (5, 3)])  # N < S: cached decoding
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("pad", [False, True])
 @pytest.mark.parametrize("variant,path", [(v, p) for p in ("default", "blocks") for v in VARIANTS]
-                         + [("hard_fish", "fused")], indirect=["path"])  # fused: linear, no noise
+                         + [("hard_fish", "fused"), ("hard_fish", "autograd"), ("fish", "autograd")],
+                         indirect=["path"])  # fused: linear, no noise
 def test_fast_path_matches_reference(variant, pad, causal, N, S, path):
     args, kwargs, leaves = make_case(variant, N=N, S=S, pad=pad)
     out, grads = run(fish_attention, args, kwargs, leaves, is_causal=causal)
@@ -94,33 +111,37 @@ def test_fast_path_matches_reference(variant, pad, causal, N, S, path):
 
 
 @pytest.mark.parametrize("D,Dv", [(4, 5), (2, 6), (4, 8)])  # M*D > Dv, M*D < Dv, M*D == Dv
-def test_fused_path_rule_and_exactness(D, Dv, monkeypatch):
+def test_path_rule_and_fused_exactness(D, Dv, monkeypatch):
     calls = []
-    fused = af._fused_attention
-    monkeypatch.setattr(af, "_fused_attention", lambda *a: calls.append(1) or fused(*a))
+    for name in ("_fused_attention", "_recomputed_attention", "_blocked_attention"):
+        fn = getattr(af, name)
+        monkeypatch.setattr(af, name, lambda *a, _n=name, _f=fn: calls.append(_n) or _f(*a))
     args, kwargs, leaves = make_case("hard_fish", D=D, Dv=Dv, pad=True)
-    fish_attention(*args, **kwargs)
-    assert not calls, "CPU training of moderate size takes the (faster) blocked path"
+    run(fish_attention, args, kwargs, leaves)
+    assert calls == ["_recomputed_attention"], "CPU training: the recomputing blocked path"
+    calls.clear()
     with torch.no_grad():
         fish_attention(*args, **kwargs)
-    assert calls, "without autograd, linear mixing without noise takes the fused SDPA path"
+    assert calls == ["_fused_attention"], "without autograd, linear mixing without noise: fused SDPA"
     calls.clear()
-    # training: fused when autograd would keep more than _SAVED_SCORES_LIMIT scores, B*(H+M)*N*S here
-    monkeypatch.setattr(af, "_SAVED_SCORES_LIMIT", B * (H + M) * 6 * 6 - 1)
+    # The fused call's gradients (the path taken on accelerators) against the reference.
+    monkeypatch.setattr(af, "_recomputed_attention", af_fused_instead)
     out, grads = run(fish_attention, args, kwargs, leaves, is_causal=True)
-    assert calls, "linear mixing without noise must take the fused SDPA path above the limit"
-    calls.clear()
     ref, ref_grads = run(fish_attention_reference, args, kwargs, leaves, is_causal=True)
     assert out.shape == (B, H, 6, Dv)
     assert_rel(out, ref)
     assert_grads_rel(grads, ref_grads)
-    monkeypatch.setattr(af, "_SAVED_SCORES_LIMIT", -1)
+    calls.clear()
     with torch.no_grad():
         fish_attention(*args, **kwargs, return_weights=True)
         fish_attention(*args, **kwargs, noise_std=torch.ones(M))
         fish_attention(*args, **kwargs, dropout_p=0.1)
         fish_attention(args[0], args[1], args[2], args[3][:, :1])  # MiSH: one shared matrix instead
-    assert not calls
+    assert calls == ["_blocked_attention"] * 4
+    calls.clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the hand-written backward is float32/64 only
+        fish_attention(*args, **kwargs)
+    assert calls == ["_blocked_attention"]
 
 
 def test_reference_is_the_formula():
@@ -233,6 +254,22 @@ def test_noise_has_the_admixture_variance(shared):
     torch.testing.assert_close(logits.var(dim=1), expected, rtol=0.1, atol=0)
     corr = torch.corrcoef(logits)
     assert (corr - torch.eye(H)).abs().max() < 0.1
+
+
+@pytest.mark.parametrize("variant", ["hard_fish", "fish"])
+def test_training_keeps_no_score_matrix_for_backward(variant):
+    """CPU training of FiSH / hard FiSH recomputes the scores in backward: nothing of size N x S is saved
+    (the noise eps is an input of the formula and is kept; hard FiSH has none)."""
+    N = 64
+    args, kwargs, leaves = make_case(variant, N=N, S=N, pad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+        out = fish_attention(*args, **kwargs, is_causal=True)
+    scores = [s for s in saved if len(s) == 4 and s[-2:] == (N, N)]
+    assert scores == ([] if variant == "hard_fish" else [(B, H, N, N)])  # only eps, for FiSH
+    assert max(math.prod(s) for s in saved if s not in scores) < B * N * N
+    out.sum().backward()
+    assert all(t.grad is not None for t in leaves)
 
 
 def test_zero_noise_std_has_finite_gradient():

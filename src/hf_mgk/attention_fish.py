@@ -30,10 +30,6 @@ __all__ = ["fish_attention", "fish_attention_reference", "fish_cost", "make_gfis
 # H*N*S scores through memory (2-4x slower at N=1024-2048). Without autograd it also bounds the
 # memory to B*H*128*S scores.
 _BLOCK_ROWS = 128
-# With autograd, the materialised path keeps about B * (H + M) * N * S scores for the backward pass;
-# above this many (512 MiB in float32) the fused SDPA path, O(N) memory, is taken instead where it
-# applies, although it is slower on the CPU for forward+backward.
-_SAVED_SCORES_LIMIT = 1 << 27
 
 
 def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, attention_mask=None,
@@ -63,25 +59,30 @@ def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, att
         out (B, H, N, Dv), and with ``return_weights`` also the weights (B, H, N, S).
         Query rows that see no key at all (all keys padded) get zero weights and a zero output.
 
-    Path rule (both paths are exact; the rule is only about speed and memory):
-    * fused SDPA call (_fused_attention: H heads of query/key size M*D, O(N) memory) for a (M, H)
-      mixing tensor with H > 1, no noise, no dropout and no weights requested -- except on the CPU
-      when autograd will keep the scores for backward and they number at most _SAVED_SCORES_LIMIT;
-    * everything else: the materialised formula in blocks of query rows (_blocked_attention).
-    Measured on the CPU (one thread, B=1, H=8, M=2, D=64, causal): forward+backward, the blocked path
-    took 0.60-0.84x the fused call's time at N=256-2048 (it computes M score matrices and mixes them,
-    instead of H products over M*D-wide heads); forward only, the fused call took 0.89-1.0x the
-    blocked path's time. MiSH without noise computes its one shared attention matrix once and
-    broadcasts it over the H value heads.
+    Path rule (every path is exact; the rule is only about speed and memory). For a (M, H) mixing tensor
+    with H > 1, no dropout and no weights requested:
+    * no noise and no autograd, or on an accelerator: one fused SDPA call (_fused_attention: H heads of
+      query/key size M*D, flash kernels, O(N) memory);
+    * with autograd on the CPU (or with noise), float32/64 outside autocast: the blocked formula with a
+      hand-written backward that recomputes the scores per block (_recomputed_attention, O(N) memory).
+    Everything else (MiSH, GFiSH, dropout, weights, autocast): the materialised formula in blocks of query
+    rows through autograd (_blocked_attention), which keeps B * (H + M) * N * S scores for backward.
+    Measured on the CPU (B=1, H=8, M=2, D=64, causal, forward+backward): the blocked path took 0.60-0.84x
+    the fused call's time at N=256-2048 on one thread (it computes M score matrices and mixes them, instead
+    of H products over M*D-wide heads); forward only, the fused call took 0.89-1.0x the blocked path's
+    time. MiSH without noise computes its one shared attention matrix once and broadcasts it over the H
+    value heads.
     """
     _, _, _, D, S, H, _ = _check_shapes(query, key, value, mixing, noise_std, attention_mask)
     scale = D ** -0.5 if scale is None else float(scale)
-    fusable = (isinstance(mixing, torch.Tensor) and mixing.shape[1] > 1 and noise_std is None
-               and dropout_p == 0.0 and not return_weights)
-    if fusable and (query.device.type != "cpu"
-                    or not 0 < _saved_scores(query, key, value, mixing) <= _SAVED_SCORES_LIMIT):
+    linear = isinstance(mixing, torch.Tensor) and mixing.shape[1] > 1 and dropout_p == 0.0 and not return_weights
+    training = _needs_grad(query, key, value, mixing, noise_std)
+    if linear and noise_std is None and (query.device.type != "cpu" or not training):
         return _fused_attention(query, key, value, mixing, scale, attention_mask, is_causal)
     eps = _draw_noise(query, mixing, noise_std, H, S, generator)
+    if linear and training and query.dtype in (torch.float32, torch.float64) and not torch.is_autocast_enabled(
+            query.device.type):
+        return _recomputed_attention(query, key, value, mixing, scale, noise_std, eps, attention_mask, is_causal)
     out, weights = _blocked_attention(query, key, value, mixing, scale, noise_std, eps, attention_mask,
                                       is_causal, dropout_p, return_weights)
     return (out, weights) if return_weights else out
@@ -114,9 +115,8 @@ def _materialised(query, key, value, mixing, noise_std, eps, hidden, empty, drop
         scores = mixing(g.movedim(1, -1)).movedim(-1, 1)  # (B, H, N, S)
     else:
         p = mixing.to(g.dtype)
-        # A_j = sum_k p_kj G_k as one matmul over the head axis: (H, M) @ (B, M, N*S).
         # MiSH (p of shape (M, 1)) gives one shared matrix (B, 1, N, S), broadcast over V's heads below.
-        scores = torch.matmul(p.t(), g.flatten(2)).unflatten(2, (N, S))
+        scores = _mix(p, g)
         if noise_std is not None:
             # sum_k p_kj sigma_k eps_jk with independent eps_jk ~ N(0, 1) is exactly N(0, sum_k p_kj^2
             # sigma_k^2) per element and independent over j, so one draw per local head scaled by that
@@ -165,6 +165,101 @@ def _blocked_attention(query, key, value, mixing, scale, noise_std, eps, attenti
     return out, (weights[0] if len(weights) == 1 else torch.cat(weights, dim=2))
 
 
+def _recomputed_attention(query, key, value, p, scale, noise_std, eps, attention_mask, is_causal):
+    """Linear mixing (FiSH, hard FiSH) with autograd: the blocked formula with a hand-written backward.
+
+    Nothing of size N x S is kept for the backward pass: it recomputes each block's scores and softmax (one
+    M-head product and the mixing, the cheap part of FiSH) instead of storing H + M score matrices, like
+    flash attention. Measured against autograd through _blocked_attention it also avoids the per-block
+    zero-filled full-size gradients of the K and V slices and the mask over whole blocks (causal blocks are
+    masked only in their last, diagonal, tile), so far fewer memory passes and small ops: what decides the
+    speed on a CPU with several threads.
+    """
+    B, M, N, _ = query.shape
+    S = key.shape[2]
+    hidden, empty = _hidden(N, S, attention_mask, is_causal, query.device)
+    std = None
+    if noise_std is not None:  # the std of sum_k p_kj sigma_k eps_jk, as in _materialised
+        std = torch.linalg.vector_norm(p * noise_std.to(query.dtype)[:, None], dim=0)
+    # Causality alone: every key before a block's diagonal tile is visible to all its rows.
+    tile_only = is_causal and attention_mask is None
+    out = _RecomputedFiSH.apply(query * scale, key, value, p.to(query.dtype), std, eps, hidden, is_causal,
+                                tile_only)
+    return out if empty is None else out.masked_fill(empty, 0.0)
+
+
+def _mix(p, g):
+    """A_j = sum_k p_kj G_k: p (M, H), g (B, M, n, e) -> (B, H, n, e), one batched matmul over the head axis.
+    Written as bmm of (B, H, M) by (B, M, n*e): torch.matmul of (H, M) by (B, M, n*e) computes the transposed
+    product and then copies it into place, a full extra pass over the H scores (measured: 60 ms of a 300 ms
+    2k-token fwd+bwd)."""
+    B, _, n, e = g.shape
+    return torch.bmm(p.t().expand(B, -1, -1), g.reshape(B, g.shape[1], n * e)).view(B, -1, n, e)
+
+
+def _block_weights(q, k, p, std, eps, hidden, lo):
+    """One block of rows: the global scores g (B, M, n, e) and the local softmax weights (B, H, n, e).
+
+    hidden: (B or 1, 1, n, e - lo) bool for the columns lo.. of the block, or None."""
+    g = torch.matmul(q, k.transpose(-1, -2))
+    a = _mix(p, g)
+    if std is not None:
+        a.addcmul_(std[:, None, None], eps)
+    if hidden is not None:
+        a[..., lo:].masked_fill_(hidden, torch.finfo(a.dtype).min)
+    return g, torch.softmax(a, dim=-1)
+
+
+def _row_blocks(N, S, hidden, is_causal, tile_only):
+    """Per block of _BLOCK_ROWS query rows: (rows, keys end, first masked column lo, hidden[rows, lo:end]).
+    With is_causal the keys after the block's last visible one are cut off (row i sees j <= i + S - N); with
+    tile_only (causality, no padding) only the columns after the block's first row's last key are masked."""
+    for start in range(0, N, _BLOCK_ROWS):
+        stop = min(N, start + _BLOCK_ROWS)
+        end = min(S, max(1, stop + S - N)) if is_causal else S
+        lo = min(end, max(0, start + S - N + 1)) if tile_only else 0
+        yield slice(start, stop), end, lo, None if hidden is None else hidden[:, :, start:stop, lo:end]
+
+
+class _RecomputedFiSH(torch.autograd.Function):
+    """out = softmax(p^T (q k^T) + std * eps, masked) v per block of rows; see _recomputed_attention."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, p, std, eps, hidden, is_causal, tile_only):
+        out = v.new_empty(q.shape[0], v.shape[1], q.shape[2], v.shape[3])
+        for rows, end, lo, blk in _row_blocks(q.shape[2], k.shape[2], hidden, is_causal, tile_only):
+            _, w = _block_weights(q[:, :, rows], k[:, :, :end], p, std,
+                                  None if eps is None else eps[:, :, rows, :end], blk, lo)
+            out[:, :, rows] = torch.matmul(w, v[:, :, :end])
+        ctx.save_for_backward(q, k, v, p, std, eps, out)
+        ctx.blocks = (hidden, is_causal, tile_only)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, p, std, eps, out = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        dq, dk, dv, dp = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(p)
+        dstd = None if std is None else torch.zeros_like(std)
+        # softmax backward: dA = w * (dW - sum_s w dW) and sum_s w_s dW_s = dout . out, per row
+        row_dot = (grad_out * out).sum(-1, keepdim=True)
+        dk3, dv3 = dk.flatten(0, 1), dv.flatten(0, 1)  # (B*heads, S, D) views: bmm accumulates into them
+        for rows, end, lo, blk in _row_blocks(q.shape[2], k.shape[2], *ctx.blocks):
+            qb, kb, vb, dob = q[:, :, rows], k[:, :, :end], v[:, :, :end], grad_out[:, :, rows]
+            eb = None if eps is None else eps[:, :, rows, :end]
+            g, w = _block_weights(qb, kb, p, std, eb, blk, lo)
+            dv3[:, :end].baddbmm_(w.flatten(0, 1).transpose(1, 2), dob.flatten(0, 1))
+            da = torch.matmul(dob, vb.transpose(-1, -2)).sub_(row_dot[:, :, rows]).mul_(w)
+            if dstd is not None:
+                dstd += (da * eb).sum((0, 2, 3))
+            dp += torch.matmul(g.flatten(2), da.flatten(2).transpose(-1, -2)).sum(0)
+            dg = _mix(p.t(), da)
+            dq[:, :, rows] = torch.matmul(dg, kb)
+            dk3[:, :end].baddbmm_(dg.flatten(0, 1).transpose(1, 2), qb.flatten(0, 1))
+        return dq, dk, dv, dp, dstd, None, None, None, None
+
+
 def _fused_attention(query, key, value, p, scale, attention_mask, is_causal):
     """Linear mixing without noise as one scaled_dot_product_attention call.
 
@@ -197,13 +292,8 @@ def _fused_attention(query, key, value, p, scale, attention_mask, is_causal):
     return out if empty is None else out.masked_fill(empty, 0.0)
 
 
-def _saved_scores(query, key, value, mixing):
-    """How many scores the materialised path would keep for the backward pass (0 without autograd)."""
-    tensors = [query, key, value, mixing]
-    if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
-        return 0
-    B, M, N, _ = query.shape
-    return B * (value.shape[1] + M) * N * key.shape[2]
+def _needs_grad(*tensors):
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def _hidden(N, S, attention_mask, is_causal, device):
