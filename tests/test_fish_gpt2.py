@@ -248,5 +248,6 @@ def test_remote_code_without_hf_mgk_gives_identical_logits_and_text(tmp_path):
         print(json.dumps({{"module": type(m).__module__, "text": text.tolist()}}))
     """, cwd=str(tmp_path))
     assert got["module"].startswith("transformers_modules")
-    assert torch.equal(torch.load(tmp_path / "logits.pt"), logits)
+    # float32 round-off apart (another process may pick other matmul kernels, see hub.check_remote_code)
+    torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), logits, rtol=1e-5, atol=1e-6)
     assert got["text"] == text.tolist()

@@ -84,7 +84,7 @@ def run_without_package(code, cwd, timeout=600):
 def check_remote_code(folder, inputs, auto_class="AutoModel", reference=None):
     """Load `folder` through `transformers.<auto_class>` with `trust_remote_code=True` in a process without
     hf_mgk, run it on `inputs` (a dict of tensors), and return its first output as a tensor. If `reference` (a
-    tensor) is given, raise AssertionError unless the outputs are identical."""
+    tensor) is given, raise AssertionError unless the outputs agree to float32 round-off."""
     folder = os.path.abspath(folder)
     with tempfile.TemporaryDirectory() as work:
         torch.save(inputs, os.path.join(work, "inputs.pt"))
@@ -104,6 +104,8 @@ def check_remote_code(folder, inputs, auto_class="AutoModel", reference=None):
         if not result["module"].startswith("transformers_modules"):
             raise AssertionError(f"{auto_class} did not load the folder's own code: {result['module']}")
         output = torch.load(os.path.join(work, "output.pt"))
-    if reference is not None and not torch.equal(output, reference):
+    # Equal up to float32 round-off, not bit for bit: another process may pick other matmul kernels (MKL
+    # chooses by buffer alignment), seen here as differences of ~1e-6 in one run of a few.
+    if reference is not None and not torch.allclose(output, reference, rtol=1e-5, atol=1e-6):
         raise AssertionError(f"remote-code outputs differ: max abs diff {(output - reference).abs().max().item()}")
     return output
