@@ -16,7 +16,9 @@ from hf_mgk import (
     NPRFRobertaForSequenceClassification,
     NPRFRobertaModel,
 )
+from hf_mgk.attention_nprf import draw_features
 from hf_mgk.hub import run_without_package
+from hf_mgk.modeling_nprf_roberta import feature_generator
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
             max_position_embeddings=66, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
@@ -66,7 +68,8 @@ def test_stock_roberta_checkpoint_folder_loads(tmp_path):
     roberta.save_pretrained(tmp_path / "roberta")
     model, info = NPRFRobertaForMaskedLM.from_pretrained(tmp_path / "roberta", output_loading_info=True)
     assert model.config.attention_type == "nprf"
-    assert all("features" in k or "relative_position" in k for k in info["missing_keys"]), info["missing_keys"]
+    assert all(k.endswith(("features", "forward_count")) or "relative_position" in k
+               for k in info["missing_keys"]), info["missing_keys"]
     assert torch.equal(model.roberta.encoder.layer[1].attention.self.query.weight,
                        roberta.roberta.encoder.layer[1].attention.self.query.weight)
 
@@ -119,6 +122,28 @@ def test_random_features_are_saved_state_and_redraw_only_in_training(tmp_path):
     assert not torch.equal(att.features, w0)  # second: redrawn
     other_layer = model.roberta.encoder.layer[1].attention.self.features
     assert not torch.equal(NPRFRobertaModel(tiny()).encoder.layer[0].attention.self.features, other_layer)
+    # The redraw is draw 1 of this layer's own stream, and leaves the global RNG alone.
+    expected = draw_features(*w0.shape, feature_generator(model.config, 0, 1))
+    assert torch.equal(att.features, expected)
+
+
+def test_resumed_training_redraws_at_the_same_steps(tmp_path):
+    torch.manual_seed(0)
+    model = NPRFRobertaForMaskedLM(tiny(feature_redraw_interval=3, hidden_dropout_prob=0.0,
+                                        attention_probs_dropout_prob=0.0)).train()
+    ids, mask = batch()
+    state = torch.random.get_rng_state()
+    for _ in range(4):  # a redraw at forward 3, without touching the global RNG
+        model(ids, attention_mask=mask)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    model.save_pretrained(tmp_path / "m")
+    resumed = NPRFRobertaForMaskedLM.from_pretrained(tmp_path / "m").train()
+    for step in range(5, 10):  # redraws at forwards 6 and 9 in both
+        model(ids, attention_mask=mask)
+        resumed(ids, attention_mask=mask)
+        for a, b in zip(model.roberta.encoder.layer, resumed.roberta.encoder.layer):
+            assert int(b.attention.self.forward_count) == step
+            assert torch.equal(a.attention.self.features, b.attention.self.features), step
 
 
 def test_long_inputs_without_absolute_positions_and_a_clear_error_with_them():

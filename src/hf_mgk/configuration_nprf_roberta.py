@@ -11,14 +11,17 @@ class NPRFRobertaConfig(RobertaConfig):
     attention_type (`str`, defaults to `"nprf"`): `"softmax"` (stock RoBERTa attention, the baseline) or `"nprf"`
         (kernelized attention with positive random features, Luo et al. 2021).
     normalize_qk (`bool`, defaults to True): unit-norm queries and keys per head (NPRF). False is the paper's
-        unnormalised PRF ablation, which can diverge.
+        unnormalised PRF ablation, which can diverge: the features then take q / D^(1/4) and k / D^(1/4), so that
+        they estimate the softmax kernel exp(q.k / sqrt(D)) as in Performer.
     use_rpe (`bool`, defaults to True): the learned relative-position bias b_{j-i} (per head, shared by all layers,
         T5 buckets). False is the no-RPE ablation.
     num_random_features (`int`, defaults to 64): m, rows of the feature matrix W.
     rpe_num_buckets (`int`, defaults to 32), rpe_max_distance (`int`, defaults to 128): T5 bucketing of j - i.
     feature_redraw_interval (`int`, defaults to 0): in training, draw a new W every this many forward passes of a
-        layer (0 = never). Evaluation never redraws. W is a persistent buffer: a reloaded model gives the same outputs.
-    random_feature_seed (`int`, defaults to 0): seed of the initial W (layer l uses seed + l).
+        layer (0 = never). Evaluation never redraws. W and the count of training forwards are persistent buffers: a
+        reloaded model gives the same outputs, and a resumed run redraws at the same steps.
+    random_feature_seed (`int`, defaults to 0): seed of W (layer l uses seed + l; draw d its own stream, see
+        `feature_generator`), independent of the global RNG.
     use_absolute_positions (`bool`, defaults to True): RoBERTa's learned position embeddings. False removes them, so
         any length is accepted (positions come from the RPE alone).
     head_dim (`int`, *optional*): fixed head size; `None` = hidden_size / num_attention_heads.

@@ -37,6 +37,12 @@ from .modeling_heads import (
 )
 
 
+def feature_generator(config, layer_idx, draw):
+    """The CPU generator of W for this layer and draw (0 = the initial W): seeded from random_feature_seed + layer
+    (the documented seed of the initial W) and the draw number."""
+    return torch.Generator().manual_seed(((config.random_feature_seed + (layer_idx or 0)) << 32) + draw)
+
+
 class NPRFRobertaEmbeddings(nn.Module):
     """RoBERTa's embeddings; the absolute position table exists only with `use_absolute_positions`."""
 
@@ -115,14 +121,20 @@ class NPRFRobertaSelfAttention(nn.Module):
         if config.attention_type == "nprf":
             # W is drawn from random_feature_seed + layer in _init_weights (modules may be built on the meta device).
             self.register_buffer("features", torch.empty(config.num_random_features, self.head_dim))
-            self.forward_count = 0  # training forwards since the last draw of W
+            # Training forwards so far: saved with the model, so a resumed run redraws W at the same steps.
+            self.register_buffer("forward_count", torch.zeros((), dtype=torch.long))
 
     def _heads(self, x):
         return x.view(*x.shape[:-1], self.num_heads, self.head_dim).transpose(1, 2)
 
     @torch.no_grad()
-    def redraw_features(self):
-        self.features.normal_()
+    def redraw_features(self, draw=None):
+        """Replace W by draw number `draw` (default: the next one after forward_count's). Draw d comes from its
+        own generator (seed, layer, d), not from the global RNG: reproducible, the same on every process, and
+        it leaves dropout's random stream alone."""
+        if draw is None:
+            draw = int(self.forward_count) // max(1, self.config.feature_redraw_interval)
+        self.features.copy_(draw_features(*self.features.shape, feature_generator(self.config, self.layer_idx, draw)))
 
     def forward(self, hidden_states, attention_mask=None, past_key_values=None, relative_position=None, **kwargs):
         query = self._heads(self.query(hidden_states))
@@ -139,8 +151,12 @@ class NPRFRobertaSelfAttention(nn.Module):
             interval = self.config.feature_redraw_interval
             if self.training and interval > 0:
                 self.forward_count += 1
-                if self.forward_count % interval == 0:
+                if int(self.forward_count) % interval == 0:
                     self.redraw_features()
+            if not self.config.normalize_qk:
+                # The PRF ablation estimates the softmax kernel exp(q.k / sqrt(D)), as Performer does: phi is
+                # applied to q / D^(1/4) and k / D^(1/4) (Eq. 5 itself, on x W^Q, would estimate exp(q.k)).
+                query, key = query * self.head_dim**-0.25, key * self.head_dim**-0.25
             bias, max_distance = None, None
             if relative_position is not None:
                 bias = relative_position(key.shape[-2])
@@ -180,8 +196,9 @@ class NPRFRobertaPreTrainedModel(AutoMapMixin, PreTrainedModel):
         elif isinstance(module, NPRFRelativePositionBias):
             init.zeros_(module.weight)  # c = 1 everywhere: training starts from plain NPRF
         elif isinstance(module, NPRFRobertaSelfAttention) and hasattr(module, "features"):
-            generator = torch.Generator().manual_seed(self.config.random_feature_seed + (module.layer_idx or 0))
+            generator = feature_generator(self.config, module.layer_idx, 0)
             init.copy_(module.features, draw_features(*module.features.shape, generator).to(module.features.device))
+            init.zeros_(module.forward_count)
 
 
 class NPRFRobertaModel(NPRFRobertaPreTrainedModel):
