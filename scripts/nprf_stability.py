@@ -24,15 +24,16 @@ the random features W are the same for every variant.
 Why the default learning rate is 3e-2 (hidden 128 / 2 layers / 4 heads of 32, m=32, unless said). At lr 1e-3,
 3e-3 and 1e-2 (60-400 steps) and with hidden 512 / 8 heads of 64 at 1e-3 (150 steps) every variant stayed finite
 and all curves were indistinguishable; the largest per-head |q|, |k| reached 10-25. In this implementation the
-unnormalized PRF breaks only at much larger norms: scaling the q/k projections of a fresh model, its gradient was
-first NaN at |q| ~ 44 and its loss at ~ 59 (φ underflows in float32, a query's denominator becomes 0 and 0/0
-follows), while NPRF is unchanged by any scale. A fast ramp to a high rate makes training itself produce such
-norms. With these defaults (120 steps, 12 warm-up steps, 2000 training blocks) PRF's loss became NaN in 6/6
-seeds (0-5, at steps 18-37, norms 34-69), NPRF's and softmax's in 0/6 (their norms grew to 60-117 without
-harm: NPRF only sees directions, softmax subtracts its max); at lr 2e-2 PRF failed in 2/3 seeds, at 1e-2 in
-0/3. It is a tail event, not a certainty: one 400-step run at 3e-2 (another batch order) never failed. Caveat:
-in 120 steps no variant gets past the unigram plateau (held-out loss ~6.2 for every finite run), so this run
-speaks to numerical stability only, not to what each attention can learn.
+unnormalized PRF (features of q / D^(1/4), k / D^(1/4), the softmax kernel as in Performer) breaks only at large
+norms: φ underflows in float32, a query's denominator becomes 0 and 0/0 follows (with the q/k projections of a
+fresh tiny model scaled x300, |q| ~ 100-180, its first loss is NaN; see tests/test_nprf_long.py), while NPRF is
+unchanged by any scale. A fast ramp to a high rate makes training itself produce such norms. With these
+defaults (120 steps, 12 warm-up steps, 2000 training blocks, seeds 0-2) PRF's loss became NaN in 2/3 seeds (at
+steps 42 and 44, norms 83-90), NPRF's, softmax's and NPRF-without-RPE's in 0/3 (their norms grew to 70-117
+without harm: NPRF only sees directions, softmax subtracts its max). (Before PRF's features took the D^(1/4)
+scaling, the same run failed in 3/3 seeds, earlier.) It is a tail event, not a certainty. Caveat: in 120 steps
+no variant gets past the unigram plateau (held-out loss ~6.2 for every finite run), so this run speaks to
+numerical stability only, not to what each attention can learn.
 
     python scripts/nprf_stability.py                                  # defaults, ~3 min on 2 idle CPU cores
     python scripts/nprf_stability.py --lr 1e-2 --steps 400 --seeds 0  # another setting, same for all variants
