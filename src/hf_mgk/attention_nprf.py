@@ -191,11 +191,19 @@ def _nprf_attention(query, key, value, rpe_bias, features, normalize, max_distan
 
         # Rows without any valid key have den = 0 exactly in Eq. 10; decide them from the mask, not from den,
         # so FFT round-off cannot turn 0/0 into noise, and give them z = 0 and no gradient.
-        has_key = _rows_with_keys(valid, B, N, S, is_causal, q.device)
-        den = torch.where(has_key, den, torch.ones_like(den))
-        z = torch.where(has_key, num / den, torch.zeros_like(num)).to(query.dtype)
+        # Without a mask every row has a key (the first one): no selection needed.
+        has_key = None if valid is None else _rows_with_keys(valid, B, N, S, is_causal)
+        if has_key is not None:
+            den = torch.where(has_key, den, torch.ones_like(den))
+        z = num / den
+        if has_key is not None:
+            z = torch.where(has_key, z, torch.zeros_like(num))
+        z = z.to(query.dtype)
     if return_weights:
-        return z, torch.where(has_key, weights / den, torch.zeros_like(weights)).to(query.dtype)
+        weights = weights / den
+        if has_key is not None:
+            weights = torch.where(has_key, weights, torch.zeros_like(weights))
+        return z, weights.to(query.dtype)
     return z
 
 
@@ -256,10 +264,8 @@ def _toeplitz_coefficients(rpe_bias, S, max_distance, is_causal, dtype, device):
     return torch.exp(b - b.amax(-1, keepdim=True).detach())
 
 
-def _rows_with_keys(valid, B, N, S, is_causal, device):
+def _rows_with_keys(valid, B, N, S, is_causal):
     """(B, 1, N, 1) bool: does query i see at least one valid key?"""
-    if valid is None:
-        return torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
     if is_causal:  # query i sits at position i + S − N
         return (valid.cumsum(-1) > 0)[:, S - N:, None][:, None]
     return valid.any(-1)[:, None, None, None].expand(B, 1, N, 1)
@@ -375,6 +381,57 @@ def _fft_length(n):
     return best
 
 
+def _near(x, n, width):
+    """(B, H, nb, P, e) blocks -> (B, H, nb, width·P, e): block I's neighbours I−n … I−n+width−1 side by side
+    (zero blocks beyond the ends)."""
+    nb = x.shape[2]
+    xp = F.pad(x, (0, 0, 0, 0, n, n))
+    return torch.cat([xp[:, :, d:d + nb] for d in range(width)], dim=3)
+
+
+class _BandProduct(torch.autograd.Function):
+    """out_I = ((q_I k_near(I)ᵀ) ∘ c_near) v_near(I) for every query block I (the band of `_band`).
+
+    Autograd through the same three ops spent more than half its time outside the matrix products (measured at
+    16k tokens: zero-filled full-size gradients for every neighbour slice, the concatenations' backward, the
+    broadcast product's reductions); here the neighbours' gradients are added straight into one buffer and only
+    the scores q kᵀ are kept (the weighted ones are rebuilt).
+    """
+
+    @staticmethod
+    def forward(ctx, qb, kb, vb, c_near, n, width):
+        k_near, v_near = _near(kb, n, width), _near(vb, n, width)
+        scores = qb @ k_near.transpose(-1, -2)  # (B, H, nb, P, width·P)
+        ctx.save_for_backward(qb, k_near, v_near, c_near, scores)
+        ctx.n = n
+        return (scores * c_near[:, None]) @ v_near
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        qb, k_near, v_near, c_near, scores = ctx.saved_tensors
+        n, c = ctx.n, c_near[:, None]
+        grad_w = grad_out @ v_near.transpose(-1, -2)  # d(weighted scores)
+        grad_c = (grad_w * scores).sum((0, 2))  # (H, P, width·P)
+        if c_near.shape[0] == 1:
+            grad_c = grad_c.sum(0, keepdim=True)
+        grad_v_near = (scores * c).transpose(-1, -2) @ grad_out  # not in place: saved tensors may be reused
+        grad_s = grad_w.mul_(c)
+        grad_q = grad_s @ k_near
+        grad_k_near = grad_s.transpose(-1, -2) @ qb
+        P = qb.shape[3]
+        return grad_q, _near_backward(grad_k_near, n, P), _near_backward(grad_v_near, n, P), grad_c, None, None
+
+
+def _near_backward(grad_near, n, P):
+    """Adjoint of `_near`: (B, H, nb, width·P, e) -> (B, H, nb, P, e), each neighbour's share added in place."""
+    B, H, nb, WP, e = grad_near.shape
+    grad = grad_near.new_zeros(B, H, nb + 2 * n, P, e)
+    for d in range(WP // P):
+        grad[:, :, d:d + nb] += grad_near[:, :, :, d * P:(d + 1) * P]
+    return grad[:, :, n:n + nb]
+
+
 def _band_block(w):
     """Block length P near BAND_BLOCK with n·P just ≥ w − 1: the band then covers 2w − 1 offsets with less
     than 2n extra keys per query (BAND_BLOCK itself would leave up to 2P − 2 unused ones, 30% more work at
@@ -406,16 +463,13 @@ def _band(phi_q, phi_k, v1, c, w, is_causal):
 
     qb, kb, vb = blocks(phi_q), blocks(phi_k), blocks(v1)
 
-    # Band: the neighbour key blocks side by side, with n zero blocks beyond each end.
+    # Band: query block I against key blocks I+d, d in nbrs (zero blocks beyond the ends).
     nbrs = range(-n, 1 if is_causal else n + 1)
-    kp, vp = F.pad(kb, (0, 0, 0, 0, n, n)), F.pad(vb, (0, 0, 0, 0, n, n))
-    k_near = torch.cat([kp[:, :, n + d:n + d + nb] for d in nbrs], dim=3)  # (B, H, nb, len(nbrs)·P, m)
-    v_near = torch.cat([vp[:, :, n + d:n + d + nb] for d in nbrs], dim=3)
     a = torch.arange(P, device=c.device)
     t = torch.arange(len(nbrs) * P, device=c.device)[None, :] - n * P - a[:, None]  # j − i in the band
     # Offsets beyond ±(S−1) pair a real position with padding (φ = 0): any finite c will do.
     c_near = c[:, t.clamp(-(S - 1), S - 1) + S - 1]  # (H or 1, P, len(nbrs)·P), the same for every block
-    out = ((qb @ k_near.transpose(-1, -2)) * c_near[:, None]) @ v_near
+    out = _BandProduct.apply(qb, kb, vb, c_near, n, len(nbrs))
 
     # Far triangles: J ≤ I−n−1 with c_{−w}, J ≥ I+n+1 with c_{+w}, read at ±(nP+1) where c already equals
     # c_{±w} (nP+1 ≤ S−1 whenever such blocks exist).
