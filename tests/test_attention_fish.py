@@ -272,6 +272,30 @@ def test_training_keeps_no_score_matrix_for_backward(variant):
     assert all(t.grad is not None for t in leaves)
 
 
+@pytest.mark.parametrize("variant", ["hard_fish", "fish"])
+def test_strided_inputs_as_the_model_passes_them(variant):
+    """The model's heads are transposed views of one projection (B, N, heads * D): gradients must still land
+    in the inputs (a buffer with their strides would make the accumulation write into a copy)."""
+    N, D = 5, 4
+    g = torch.Generator().manual_seed(0)
+    proj = torch.randn(B, N, (2 * M + H) * D, generator=g, requires_grad=True)
+    mixing = torch.randn(M, H, generator=g, requires_grad=True)
+    sigma = torch.rand(M, generator=g).requires_grad_() if variant == "fish" else None
+    leaves = [proj, mixing] + ([sigma] if sigma is not None else [])
+
+    def heads(fn):
+        q, k, v = proj.split([M * D, M * D, H * D], dim=-1)
+        q, k, v = (x.view(B, N, -1, D).transpose(1, 2) for x in (q, k, v))
+        return fn(q, k, v, mixing, noise_std=sigma, attention_mask=None)
+
+    out, grads = run(lambda *a, **kw: heads(lambda *b, **c: fish_attention(*b, **c, **kw)), (), {}, leaves,
+                     is_causal=True)
+    ref, ref_grads = run(lambda *a, **kw: heads(lambda *b, **c: fish_attention_reference(*b, **c, **kw)), (), {},
+                         leaves, is_causal=True)
+    assert_rel(out, ref)
+    assert_grads_rel(grads, ref_grads)
+
+
 def test_zero_noise_std_has_finite_gradient():
     args, kwargs, _ = make_case("fish")
     sigma = torch.zeros(M, requires_grad=True)

@@ -1,6 +1,7 @@
 """Loss under Trainer: gradient accumulation and two processes give the step of the whole batch at once."""
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -24,6 +25,13 @@ def test_gradient_accumulation_matches_the_whole_batch(task, tmp_path):
     assert_close(params_acc1, params_full, rtol=1e-5)
 
 
+def free_port():
+    """A port nothing listens on now: a fixed one can still be held by the previous run's rendezvous."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 @pytest.mark.parametrize("task", ["mlm", "clm"])
 def test_two_processes_match_one(task, tmp_path):
     """torchrun with gloo on CPU: 2 processes x batch 1 x accumulation 2 == 1 process x batch 4."""
@@ -32,7 +40,7 @@ def test_two_processes_match_one(task, tmp_path):
     out.parent.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.path.join(HERE, "..", "src")}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
          os.path.join(HERE, "trainer_check.py"), "--task", task, "--batch", "1", "--accumulation", "2",
          "--out", str(out)],
         env=env, capture_output=True, text=True, timeout=600)

@@ -240,7 +240,10 @@ class _RecomputedFiSH(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, p, std, eps, out = ctx.saved_tensors
         grad_out = grad_out.contiguous()
-        dq, dk, dv, dp = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(p)
+        # Contiguous buffers whatever the inputs' strides (zeros_like would copy a transposed view's layout, and
+        # flatten below would then return a copy instead of a view to accumulate into).
+        dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+        dp = torch.zeros_like(p)
         dstd = None if std is None else torch.zeros_like(std)
         # softmax backward: dA = w * (dW - sum_s w dW) and sum_s w_s dW_s = dout . out, per row
         row_dot = (grad_out * out).sum(-1, keepdim=True)
