@@ -80,3 +80,8 @@ if __name__ == "__main__":
     loss, flat = train_once(a.task, a.batch, a.accumulation, os.path.dirname(a.out))
     if int(os.environ.get("RANK", "0")) == 0:
         torch.save({"loss": loss, "params": flat}, a.out)
+    if torch.distributed.is_initialized():
+        # Tear gloo down before exit: left to the interpreter's shutdown, its threads sometimes abort the
+        # process ("terminate called without an active exception", exit -6) after the work is done.
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
