@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 from conftest import assert_close
 from hf_mgk import FiSHGPT2Config, FiSHGPT2ForSequenceClassification, FiSHGPT2LMHeadModel, FiSHGPT2Model
 from hf_mgk.attention_fish import fish_cost
-from hf_mgk.hub import run_without_package
+from hf_mgk.hub import assert_same_outputs, run_without_package
 
 TINY = dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
             attn_pdrop=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2)
@@ -244,10 +244,13 @@ def test_remote_code_without_hf_mgk_gives_identical_logits_and_text(tmp_path):
         pos = (x["mask"].cumsum(-1) - 1).clamp_min(0)
         logits = m(x["ids"], attention_mask=x["mask"], position_ids=pos).logits
         text = m.generate(x["ids"], attention_mask=x["mask"], max_new_tokens=5, do_sample=False, pad_token_id=0)
-        torch.save(logits, "logits.pt")
+        torch.save({{"logits": logits, "state": m.state_dict()}}, "loaded.pt")
         print(json.dumps({{"module": type(m).__module__, "text": text.tolist()}}))
     """, cwd=str(tmp_path))
     assert got["module"].startswith("transformers_modules")
-    # float32 round-off apart (another process may pick other matmul kernels, see hub.check_remote_code)
-    torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), logits, rtol=1e-5, atol=1e-6)
+    loaded = torch.load(tmp_path / "loaded.pt")
+    state = model.state_dict()
+    assert loaded["state"].keys() == state.keys()
+    assert all(torch.equal(loaded["state"][k], v) for k, v in state.items())  # the very same weights and buffers
+    assert_same_outputs(loaded["logits"], logits)  # float32 round-off apart, see hub.assert_same_outputs
     assert got["text"] == text.tolist()

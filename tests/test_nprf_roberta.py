@@ -17,7 +17,7 @@ from hf_mgk import (
     NPRFRobertaModel,
 )
 from hf_mgk.attention_nprf import draw_features
-from hf_mgk.hub import run_without_package
+from hf_mgk.hub import assert_same_outputs, run_without_package
 from hf_mgk.modeling_nprf_roberta import feature_generator
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
@@ -223,4 +223,4 @@ def test_remote_code_without_hf_mgk(tmp_path):
         print(json.dumps(result))
     """, cwd=str(tmp_path))
     for name, values in got.items():
-        assert torch.equal(torch.tensor(values), torch.tensor(expected[name])), name
+        assert_same_outputs(torch.tensor(values), torch.tensor(expected[name]), name)
