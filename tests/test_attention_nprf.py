@@ -189,6 +189,24 @@ def test_no_causal_leak(path):
     assert rel(z2_bi[..., : t + 1, :], z_bi[..., : t + 1, :]) > 1e-2
 
 
+@pytest.mark.parametrize("path", ["explicit", "band"])
+def test_no_causal_leak_through_the_unnormalised_feature_shift(path):
+    # normalize=False: a later key equal to the row of W with the largest norm has the largest feature any key
+    # can have (w·k − ‖k‖²/2 ≤ ‖w‖²/2). Were the keys' shift their max, it would rescale (and for long keys
+    # underflow to 0/0) every earlier row. The FFT path is left out: its round-off is absolute, set by the
+    # largest terms, and unnormalised keys of norm 9 next to that key span e^40 (see FFT_DTYPE).
+    q, k, v, b, W = make_inputs(N=100)
+    q, k = 0.3 * q, 9 * k / k.norm(dim=-1, keepdim=True)
+    md = 10 if path == "band" else None
+    z = attend(path, q, k, v, b, W, causal=True, normalize=False, max_distance=md)
+    k2 = k.clone()
+    k2[..., 60, :] = W[W.norm(dim=-1).argmax()]
+    z2 = attend(path, q, k2, v, b, W, causal=True, normalize=False, max_distance=md)
+    assert torch.isfinite(z).all() and torch.isfinite(z2).all()
+    assert torch.equal(z2[..., :60, :], z[..., :60, :])
+    assert rel(z2[..., 60:, :], z[..., 60:, :]) > 1e-2
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("normalize", [True, False])
@@ -372,6 +390,11 @@ def test_path_selection_and_auto_result(monkeypatch):
     assert nprf._choose_path(8, n, n, zeros, None, False) == "explicit"
     assert nprf._choose_path(8, n + 1, n + 1, zeros, None, False) == "fft"
     assert nprf._choose_path(1, 4000, 4000, zeros, 3000, False) == "explicit"  # band wider than the sequence
+    # ... unless the explicit weights would not fit: then the (wide) band, never the slower FFT.
+    n_wide = 2 * 300 + 3 * nprf._band_block(300)
+    bh = nprf.EXPLICIT_MAX_WEIGHTS // (n_wide * n_wide) + 1
+    assert nprf._choose_path(bh, n_wide, n_wide, zeros, 300, False) == "band"
+    assert nprf._choose_path(bh - 1, n_wide, n_wide, zeros, 300, False) == "explicit"
     # The public function picks a fast path by itself and gives the same answer.
     monkeypatch.setattr(nprf, "_band_block", lambda w: 8)
     q, k, v, b, W = make_inputs(N=100)

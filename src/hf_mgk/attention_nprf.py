@@ -22,14 +22,16 @@ Path rule (`_choose_path`), measured on this project's 2-thread CPU (fwd+bwd, H=
   2. band if it applies and its band is narrower than the sequence, 2w + 3P < N (P = `_band_block(w)`): there it was never
      slower than explicit (N=384: 26 vs 30 ms, N=1024: 76 vs 293 ms) and it matches SDPA from N ≈ 1k;
   3. otherwise explicit while its weights stay small, B·H·N·S ≤ EXPLICIT_MAX_WEIGHTS (B·H = 8: N ≤ 2896; its
-     fwd+bwd peak is ~6 such N×S tensors, measured 3.3 GiB at B·H·N·S = 2^27), else fft. Memory decides, not
+     fwd+bwd peak is ~6 such N×S tensors, measured 3.3 GiB at B·H·N·S = 2^27), else band where it applies (a
+     band as wide as the sequence: exact, O(N) memory), else fft. Memory decides, not
      speed: explicit was faster wherever it fits (N = 2048: 1.8 s vs 2.1 s; 4096: 5.7 s vs 18 s), while the
      FFT's memory is O(N) (16k tokens: 0.6 GiB fwd+bwd); its time is still 2.3x SDPA's at 16k.
 
 Exactness conventions (none changes Eq. 10):
   * φ is shifted by constants that cancel in the ratio: 1/√m is dropped, each query's features are divided by
     their largest entry, the keys' by one shared factor (data-independent under normalize=True, so causal outputs
-    do not depend on later tokens even in round-off; under normalize=False the max over valid keys).
+    do not depend on later tokens even in round-off; under normalize=False the bound ‖w_r‖²/2 when causal, the
+    max over valid keys otherwise).
     c = exp(b − max b), the max taken over the offsets that are used.
   * max_distance=w means b_t for |t| > w is read from b_{±w}: entries further out are not used by any path (they
     must equal b_{±w}, as T5 buckets do; see `t5_constant_distance`), and their gradient lands on b_{±w}.
@@ -171,7 +173,7 @@ def _nprf_attention(query, key, value, rpe_bias, features, normalize, max_distan
     # SPEC §0: no half precision inside, even under fp16/bf16 autocast (float32 math, FFT_DTYPE FFTs).
     with torch.autocast(query.device.type, enabled=False):
         q, k, v, W = (t.to(dtype) for t in (query, key, value, features))
-        phi_q, phi_k = _feature_maps(q, k, W, normalize, valid)
+        phi_q, phi_k = _feature_maps(q, k, W, normalize, valid, is_causal)
         c = _toeplitz_coefficients(rpe_bias, S, max_distance, is_causal, dtype, q.device)
         # The value gets a channel of ones: its output is the denominator, computed with the numerator.
         v1 = torch.cat([v, v.new_ones(B, H, S, 1)], dim=-1)
@@ -211,13 +213,16 @@ def _choose_path(BH, N, S, rpe_bias, max_distance, return_weights):
     if return_weights or N != S:
         return "explicit"
     w = 0 if rpe_bias is None else max_distance
-    # The band path sees under 2w + 3P keys per query where the explicit one sees N.
-    if w is not None and 2 * w + 3 * _band_block(w) < N:
+    explicit_fits = BH * N * S <= EXPLICIT_MAX_WEIGHTS
+    # The band path sees under 2w + 3P keys per query where the explicit one sees N. Where its band covers the
+    # whole sequence it is still exact and O(N) in memory, and faster than the float64 FFT (B·H = 384, N = 448:
+    # band 2.3 s, explicit 1.6 s, FFT 7.4 s forward), so it takes over from explicit before the FFT would.
+    if w is not None and (2 * w + 3 * _band_block(w) < N or not explicit_fits):
         return "band"
-    return "explicit" if BH * N * S <= EXPLICIT_MAX_WEIGHTS else "fft"
+    return "explicit" if explicit_fits else "fft"
 
 
-def _feature_maps(q, k, W, normalize, valid):
+def _feature_maps(q, k, W, normalize, valid, is_causal):
     """φ(q̂), φ(k̂) of Eq. (5), each up to a constant factor that cancels in Eq. (10) and keeps exp ≤ 1."""
     log_q, log_k = _log_features(q, W, normalize), _log_features(k, W, normalize)
     if valid is not None:
@@ -229,7 +234,13 @@ def _feature_maps(q, k, W, normalize, valid):
         # |w_r·k̂| ≤ ‖w_r‖: a bound that does not look at the data, so later tokens cannot change
         # earlier outputs even in round-off.
         k_shift = W.norm(dim=-1).amax()
+    elif is_causal:
+        # w_r·k − ‖k‖²/2 ≤ ‖w_r‖‖k‖ − ‖k‖²/2 ≤ ‖w_r‖²/2: again a bound independent of the data. The max over
+        # the keys would let a later key with large features underflow every earlier key to 0 (0/0 = NaN in
+        # earlier rows: a causal leak); with the bound, underflow depends on each key alone.
+        k_shift = 0.5 * W.norm(dim=-1).amax().square()
     else:
+        # Bidirectional: every query sees every key, so the data's own max keeps the most keys representable.
         k_shift = log_k.amax(dim=(-2, -1), keepdim=True)
         k_shift = torch.where(torch.isfinite(k_shift), k_shift, torch.zeros_like(k_shift))  # all padded
     return torch.exp(log_q - q_shift.detach()), torch.exp(log_k - k_shift.detach())
