@@ -120,11 +120,43 @@ def test_random_features_are_saved_state_and_redraw_only_in_training(tmp_path):
     assert torch.equal(att.features, w0)  # first training forward: 1 of 2
     model(ids, attention_mask=mask)
     assert not torch.equal(att.features, w0)  # second: redrawn
-    other_layer = model.roberta.encoder.layer[1].attention.self.features
-    assert not torch.equal(NPRFRobertaModel(tiny()).encoder.layer[0].attention.self.features, other_layer)
     # The redraw is draw 1 of this layer's own stream, and leaves the global RNG alone.
     expected = draw_features(*w0.shape, feature_generator(model.config, 0, 1))
     assert torch.equal(att.features, expected)
+
+
+def test_every_layer_and_every_seed_has_its_own_features():
+    def features(**kw):
+        return [layer.attention.self.features for layer in NPRFRobertaModel(tiny(num_hidden_layers=3, **kw)).encoder.layer]
+
+    first = features()
+    assert all(not torch.equal(a, b) for i, a in enumerate(first) for b in first[i + 1:])
+    assert all(torch.equal(a, b) for a, b in zip(first, features()))  # reproducible from the seed
+    assert all(not torch.equal(a, b) for a, b in zip(first, features(random_feature_seed=1)))
+    # ... and draws differ from each other and from the other layers' (no (seed, layer, draw) shares a stream).
+    config = tiny()
+    draws = {(layer, draw): draw_features(16, 8, feature_generator(config, layer, draw))
+             for layer in range(4) for draw in range(4)}
+    assert len({tuple(w.flatten().tolist()) for w in draws.values()}) == len(draws)
+
+
+def test_redraws_count_one_forward_under_gradient_checkpointing():
+    # Checkpointing re-runs each layer's forward in backward: counting there redrew W between forward and
+    # backward (wrong gradients). Counted once per model forward, the gradients equal the plain run's.
+    kw = dict(feature_redraw_interval=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    plain = NPRFRobertaForMaskedLM(tiny(**kw)).train()
+    checkpointed = NPRFRobertaForMaskedLM(tiny(**kw)).train()
+    checkpointed.load_state_dict(plain.state_dict())
+    checkpointed.activation_checkpointing_enable()
+    ids, mask = batch()
+    for step in range(1, 4):
+        grads = []
+        for model in (plain, checkpointed):
+            model.zero_grad()
+            model(ids, attention_mask=mask, labels=ids).loss.backward()
+            grads.append(model.roberta.encoder.layer[0].attention.self.query.weight.grad.clone())
+            assert int(model.roberta.encoder.layer[0].attention.self.forward_count) == step
+        assert_close(grads[1], grads[0], rtol=1e-5, msg=f"step {step}")
 
 
 def test_resumed_training_redraws_at_the_same_steps(tmp_path):

@@ -2,7 +2,7 @@
 
 from transformers.models.roberta.configuration_roberta import RobertaConfig
 
-from .config_checks import check_choice, check_head_dim, check_int_range
+from .config_checks import check_bool, check_choice, check_head_dim, check_int_range
 
 
 class NPRFRobertaConfig(RobertaConfig):
@@ -20,8 +20,8 @@ class NPRFRobertaConfig(RobertaConfig):
     feature_redraw_interval (`int`, defaults to 0): in training, draw a new W every this many forward passes of a
         layer (0 = never). Evaluation never redraws. W and the count of training forwards are persistent buffers: a
         reloaded model gives the same outputs, and a resumed run redraws at the same steps.
-    random_feature_seed (`int`, defaults to 0): seed of W (layer l uses seed + l; draw d its own stream, see
-        `feature_generator`), independent of the global RNG.
+    random_feature_seed (`int`, defaults to 0): seed of W. Layer l's draw d comes from its own generator seeded by
+        (seed, l, d) (see `feature_generator`): every layer has its own W, and the global RNG is left alone.
     use_absolute_positions (`bool`, defaults to True): RoBERTa's learned position embeddings. False removes them, so
         any length is accepted (positions come from the RPE alone).
     head_dim (`int`, *optional*): fixed head size; `None` = hidden_size / num_attention_heads.
@@ -43,9 +43,9 @@ class NPRFRobertaConfig(RobertaConfig):
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
         check_choice("attention_type", self.attention_type, ("softmax", "nprf"))
-        check_choice("normalize_qk", self.normalize_qk, (True, False))
-        check_choice("use_rpe", self.use_rpe, (True, False))
-        check_choice("use_absolute_positions", self.use_absolute_positions, (True, False))
+        check_bool("normalize_qk", self.normalize_qk)
+        check_bool("use_rpe", self.use_rpe)
+        check_bool("use_absolute_positions", self.use_absolute_positions)
         check_int_range("num_random_features", self.num_random_features, 1)
         check_int_range("rpe_num_buckets", self.rpe_num_buckets, 4)
         # T5 buckets: half of each direction's buckets are exact offsets; the log range must start past them.
@@ -53,8 +53,8 @@ class NPRFRobertaConfig(RobertaConfig):
         check_int_range("rpe_max_distance", self.rpe_max_distance, exact + 1)
         check_int_range("feature_redraw_interval", self.feature_redraw_interval, 0)
         check_int_range("random_feature_seed", self.random_feature_seed, 0)
-        check_int_range("num_attention_heads", self.num_attention_heads, 1)
         check_head_dim(self.hidden_size, self.num_attention_heads, self.head_dim)
+        check_int_range("max_position_embeddings", self.max_position_embeddings, 1)
 
     @property
     def attention_head_size(self) -> int:

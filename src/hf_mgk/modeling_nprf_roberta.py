@@ -38,9 +38,17 @@ from .modeling_heads import (
 
 
 def feature_generator(config, layer_idx, draw):
-    """The CPU generator of W for this layer and draw (0 = the initial W): seeded from random_feature_seed + layer
-    (the documented seed of the initial W) and the draw number."""
-    return torch.Generator().manual_seed(((config.random_feature_seed + (layer_idx or 0)) << 32) + draw)
+    """The CPU generator of W for this layer and draw (0 = the initial W), seeded from (random_feature_seed,
+    layer, draw) mixed into 32 bits: torch's CPU generator keeps only the low 32 bits of a seed, so packing the
+    three side by side (seed << 32 | draw) gave every layer and every seed the same W."""
+    mixed = 0
+    for value in (config.random_feature_seed, layer_idx or 0, draw):
+        # splitmix64 steps: distinct triples give well-spread, practically distinct 32-bit seeds.
+        mixed = (mixed ^ value) + 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF
+        mixed = (mixed ^ mixed >> 30) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+        mixed = (mixed ^ mixed >> 27) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+        mixed ^= mixed >> 31
+    return torch.Generator().manual_seed(mixed & 0xFFFFFFFF)
 
 
 class NPRFRobertaEmbeddings(nn.Module):
@@ -128,6 +136,17 @@ class NPRFRobertaSelfAttention(nn.Module):
         return x.view(*x.shape[:-1], self.num_heads, self.head_dim).transpose(1, 2)
 
     @torch.no_grad()
+    def count_forward(self):
+        """One training forward: count it and redraw W every `feature_redraw_interval` forwards. Called by the
+        model once per forward, not here in the layer, where gradient checkpointing would count (and redraw
+        in the middle of backward) a second time."""
+        interval = self.config.feature_redraw_interval
+        if interval > 0:
+            self.forward_count += 1
+            if int(self.forward_count) % interval == 0:
+                self.redraw_features()
+
+    @torch.no_grad()
     def redraw_features(self, draw=None):
         """Replace W by draw number `draw` (default: the next one after forward_count's). Draw d comes from its
         own generator (seed, layer, d), not from the global RNG: reproducible, the same on every process, and
@@ -148,11 +167,6 @@ class NPRFRobertaSelfAttention(nn.Module):
             out, weights = softmax_attention(query, key, value, attention_mask, self.is_causal, dropout_p, None,
                                              return_weights)
         else:
-            interval = self.config.feature_redraw_interval
-            if self.training and interval > 0:
-                self.forward_count += 1
-                if int(self.forward_count) % interval == 0:
-                    self.redraw_features()
             if not self.config.normalize_qk:
                 # The PRF ablation estimates the softmax kernel exp(q.k / sqrt(D)), as Performer does: phi is
                 # applied to q / D^(1/4) and k / D^(1/4) (Eq. 5 itself, on x W^Q, would estimate exp(q.k)).
@@ -230,6 +244,9 @@ class NPRFRobertaModel(NPRFRobertaPreTrainedModel):
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if self.training and self.config.attention_type == "nprf":
+            for layer in self.encoder.layer:
+                layer.attention.self.count_forward()
         embedding_output = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, past)
         mask = padding_mask_from(attention_mask, (shape[0], past + shape[1]))
         sequence_output = self.encoder(embedding_output, mask, past_key_values=past_key_values,
