@@ -24,12 +24,23 @@ def check_float_range(name, value, low, high, *, low_inclusive=True):
         raise ValueError(f"{name} must be a number in {bracket}{low}, {high}]; got {value!r}")
 
 
-def check_head_dim(hidden_size, num_heads, head_dim):
-    """`head_dim=None` needs hidden_size divisible by the heads; an explicit head size frees that constraint."""
+def check_bool(name, value):
+    """Only True / False: 1 == True in Python, so `check_choice(..., (True, False))` would let 1 and 0 through."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False; got {value!r}")
+
+
+def check_head_dim(hidden_size, num_heads, head_dim, names=("hidden_size", "num_attention_heads")):
+    """`head_dim=None` needs hidden_size divisible by the heads; an explicit head size frees that constraint.
+
+    `names`: the config's own names for the hidden size and the head count (GPT-2: n_embd, n_head)."""
+    hidden_name, heads_name = names
+    check_int_range(hidden_name, hidden_size, 1)
+    check_int_range(heads_name, num_heads, 1)
     if head_dim is None:
         if hidden_size % num_heads != 0:
             raise ValueError(
-                f"hidden_size ({hidden_size}) is not a multiple of the number of attention heads ({num_heads}); "
+                f"{hidden_name} ({hidden_size}) is not a multiple of {heads_name} ({num_heads}); "
                 "set head_dim to use a fixed head size instead"
             )
     else:

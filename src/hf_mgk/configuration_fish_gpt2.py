@@ -2,7 +2,7 @@
 
 from transformers.models.gpt2.configuration_gpt2 import GPT2Config
 
-from .config_checks import check_choice, check_head_dim, check_int_range
+from .config_checks import check_choice, check_float_range, check_head_dim, check_int_range
 
 FISH_ATTENTION_TYPES = ("softmax", "fish", "hard_fish", "gfish", "hard_gfish", "mish")
 
@@ -30,14 +30,13 @@ class FiSHGPT2Config(GPT2Config):
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
         check_choice("attention_type", self.attention_type, FISH_ATTENTION_TYPES)
-        check_int_range("n_head", self.n_head, 1)
-        check_head_dim(self.n_embd, self.n_head, self.head_dim)
+        check_head_dim(self.n_embd, self.n_head, self.head_dim, names=("n_embd", "n_head"))
+        check_int_range("n_positions", self.n_positions, 1)
         if self.attention_type != "softmax":
             if self.n_head < 2:
                 raise ValueError(f"attention_type={self.attention_type!r} needs n_head >= 2 local heads; got {self.n_head}")
             check_int_range("num_global_heads", self.num_global_heads, 1, self.n_head - 1)
-        if not (isinstance(self.fish_noise_init, (int, float)) and self.fish_noise_init >= 0):
-            raise ValueError(f"fish_noise_init must be a number >= 0; got {self.fish_noise_init!r}")
+        check_float_range("fish_noise_init", self.fish_noise_init, 0, float("inf"))
 
     @property
     def attention_head_size(self) -> int:

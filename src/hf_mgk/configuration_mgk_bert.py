@@ -42,8 +42,8 @@ class MGKBertConfig(BertConfig):
         check_int_range("num_keys", self.num_keys, 1)
         check_choice("e_step", self.e_step, ("soft", "hard"))
         check_choice("mgk_prior", self.mgk_prior, ("learned", "em", "uniform"))
-        check_int_range("num_attention_heads", self.num_attention_heads, 1)
         check_head_dim(self.hidden_size, self.num_attention_heads, self.head_dim)
+        check_int_range("max_position_embeddings", self.max_position_embeddings, 1)
         if self.attention_type in ("mlk", "smlk") and self.e_step == "hard":
             raise ValueError(
                 f"e_step='hard' is not defined for attention_type={self.attention_type!r}: mixtures of linear keys "

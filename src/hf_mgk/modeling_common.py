@@ -21,12 +21,15 @@ def padding_mask_from(attention_mask, shape):
     return None if bool(mask.all()) else mask
 
 
-def check_sequence_length(length, max_positions):
-    """Absolute position embeddings stop at `max_position_embeddings`: say so instead of an index error."""
+def check_sequence_length(length, max_positions, field="max_position_embeddings", why=None):
+    """Absolute position embeddings stop at `max_positions`: say so, in the config's own terms, instead of an
+    index error. `field`: the config's name for the limit (GPT-2: n_positions); `why`: how `max_positions`
+    follows from the config when it is not that field's value (RoBERTa reserves positions for padding)."""
     if length > max_positions:
         raise ValueError(
-            f"Sequence length {length} exceeds max_position_embeddings={max_positions} of this model's absolute "
-            "position embeddings; truncate the input (tokenizer(..., truncation=True, max_length=...))"
+            f"Sequence length {length} exceeds this model's absolute position embeddings: at most {max_positions} "
+            f"tokens ({why or f'{field}={max_positions}'}); truncate the input "
+            "(tokenizer(..., truncation=True, max_length=...))"
         )
 
 

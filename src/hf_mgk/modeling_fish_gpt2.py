@@ -241,10 +241,10 @@ class FiSHGPT2Model(FiSHGPT2PreTrainedModel):
             past_key_values = DynamicCache(config=self.config)
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
         if position_ids is None:
-            check_sequence_length(past + length, self.config.n_positions)
+            check_sequence_length(past + length, self.config.n_positions, "n_positions")
             position_ids = torch.arange(past, past + length, device=inputs_embeds.device)[None]
         elif int(position_ids.max()) >= self.config.n_positions:
-            check_sequence_length(int(position_ids.max()) + 1, self.config.n_positions)
+            check_sequence_length(int(position_ids.max()) + 1, self.config.n_positions, "n_positions")
         hidden_states = inputs_embeds + self.wpe(position_ids)
         if token_type_ids is not None:
             hidden_states = hidden_states + self.wte(token_type_ids)
