@@ -5,7 +5,7 @@ import os
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
 from conftest import assert_close
 from hf_mgk import FiSHGPT2Config, FiSHGPT2ForSequenceClassification, FiSHGPT2LMHeadModel, FiSHGPT2Model
@@ -165,25 +165,61 @@ def _tiny_stock_gpt2(tmp_path):
     return stock, tmp_path / "gpt2"
 
 
-def test_stock_gpt2_checkpoint_converts(tmp_path):
+def _assert_converted(fish, stock, m=2):
+    """`fish` (a FiSHGPT2Model) holds the stock GPT2Model's weights: its first M Q/K heads, every value head."""
+    d, md = stock.config.n_embd, m * (stock.config.n_embd // stock.config.n_head)
+    for layer, stock_layer in zip(fish.h, stock.h):
+        w, w_stock = layer.attn.c_attn.weight, stock_layer.attn.c_attn.weight  # Conv1D (in, out), out = [Q | K | V]
+        assert torch.equal(w[:, :md], w_stock[:, :md])  # Q of the first M heads
+        assert torch.equal(w[:, md:2 * md], w_stock[:, d:d + md])  # K of the first M heads
+        assert torch.equal(w[:, 2 * md:], w_stock[:, 2 * d:])  # all H values
+        assert torch.equal(layer.mlp.c_fc.weight, stock_layer.mlp.c_fc.weight)
+        assert torch.equal(layer.attn.c_proj.weight, stock_layer.attn.c_proj.weight)
+    assert torch.equal(fish.wte.weight, stock.wte.weight) and torch.equal(fish.wpe.weight, stock.wpe.weight)
+    assert torch.equal(fish.ln_f.weight, stock.ln_f.weight)
+
+
+@pytest.mark.parametrize("cls", [FiSHGPT2Model, FiSHGPT2LMHeadModel, FiSHGPT2ForSequenceClassification])
+def test_stock_gpt2_checkpoint_converts_into_every_head_class(tmp_path, cls):
     stock, folder = _tiny_stock_gpt2(tmp_path)
-    ids, mask = left_padded()
+    fish = cls.from_pretrained(folder, attention_type="hard_fish", num_global_heads=2, num_labels=3)
+    assert type(fish) is cls and fish.config.attention_type == "hard_fish" and fish.config.num_global_heads == 2
+    _assert_converted(fish.base_model, stock.transformer)
+    if cls is FiSHGPT2LMHeadModel:
+        assert fish.lm_head.weight.data_ptr() == fish.transformer.wte.weight.data_ptr()
+    if cls is FiSHGPT2ForSequenceClassification:  # a new head, as GPT2ForSequenceClassification from an LM folder
+        assert fish.score.weight.shape == (3, 32) and fish.config.num_labels == 3
+    ids = torch.randint(3, 99, (2, 7))
+    assert torch.isfinite(fish(ids)[0]).all()
+
+
+def test_stock_gpt2_conversion_keeps_a_stock_head_and_refuses_other_head_sizes(tmp_path):
+    stock, folder = _tiny_stock_gpt2(tmp_path)
+    ids = torch.randint(3, 99, (2, 7))
     same = FiSHGPT2LMHeadModel.from_pretrained(folder, attention_type="softmax").eval()
     assert_close(same(ids).logits, stock(ids).logits, rtol=1e-6)
-    fish = FiSHGPT2LMHeadModel.from_pretrained(folder, attention_type="hard_fish", num_global_heads=2)
-    assert fish.config.attention_type == "hard_fish" and fish.config.num_global_heads == 2
-    d, md = 32, 2 * 8
-    w_stock = stock.transformer.h[1].attn.c_attn.weight
-    w = fish.transformer.h[1].attn.c_attn.weight
-    assert torch.equal(w[:, :md], w_stock[:, :md])  # Q of the first M heads
-    assert torch.equal(w[:, md:2 * md], w_stock[:, d:d + md])  # K of the first M heads
-    assert torch.equal(w[:, 2 * md:], w_stock[:, 2 * d:])  # all H values
-    assert torch.equal(fish.transformer.h[1].mlp.c_fc.weight, stock.transformer.h[1].mlp.c_fc.weight)
-    assert fish.lm_head.weight.data_ptr() == fish.transformer.wte.weight.data_ptr()
-    base = FiSHGPT2Model.from_pretrained(folder, attention_type="fish")
-    assert torch.equal(base.wte.weight, stock.transformer.wte.weight)
+    # a stock classifier's trained head comes along
+    stock_cls = GPT2ForSequenceClassification(GPT2Config(**TINY, num_labels=3)).eval()
+    stock_cls.save_pretrained(tmp_path / "gpt2-cls")
+    fish = FiSHGPT2ForSequenceClassification.from_pretrained(tmp_path / "gpt2-cls", attention_type="fish")
+    assert torch.equal(fish.score.weight, stock_cls.score.weight)
+    _assert_converted(fish.transformer, stock_cls.transformer)
     with pytest.raises(ValueError, match="cannot convert"):
         FiSHGPT2LMHeadModel.from_pretrained(folder, attention_type="fish", head_dim=4)
+    with pytest.raises(ValueError, match="cannot convert"):
+        FiSHGPT2LMHeadModel.from_pretrained(folder, attention_type="fish", n_head=8)
+
+
+def test_stock_gpt2_conversion_honours_dtype_and_device_map(tmp_path):
+    stock, folder = _tiny_stock_gpt2(tmp_path)
+    fish = FiSHGPT2LMHeadModel.from_pretrained(folder, attention_type="fish", dtype=torch.bfloat16, device_map="cpu")
+    assert {p.dtype for p in fish.parameters()} == {torch.bfloat16}
+    assert fish.dtype == torch.bfloat16 and fish.config.dtype == torch.bfloat16
+    assert {p.device.type for p in fish.parameters()} == {"cpu"}
+    assert torch.equal(fish.transformer.h[0].mlp.c_fc.weight, stock.transformer.h[0].mlp.c_fc.weight.bfloat16())
+    assert fish.lm_head.weight.data_ptr() == fish.transformer.wte.weight.data_ptr()
+    with pytest.raises(ValueError, match="device_map"):
+        FiSHGPT2LMHeadModel.from_pretrained(folder, attention_type="fish", device_map="auto")
 
 
 def test_sequence_classification_uses_the_last_real_token():

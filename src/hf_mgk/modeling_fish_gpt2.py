@@ -123,6 +123,7 @@ class FiSHGPT2PreTrainedModel(AutoMapMixin, PreTrainedModel):
     _skip_keys_device_placement = ["past_key_values"]
     _keys_to_ignore_on_load_unexpected = [r"attn\.bias", r"attn\.masked_bias"]  # old GPT-2 checkpoints' buffers
     _can_record_outputs = {"hidden_states": FiSHGPT2Block, "attentions": FiSHGPT2Attention}
+    _stock_gpt2_class = "GPT2Model"  # the stock class with the same head, which loads a stock checkpoint for us
     _auto_map = {
         "AutoModel": "FiSHGPT2Model",
         "AutoModelForCausalLM": "FiSHGPT2LMHeadModel",
@@ -159,15 +160,13 @@ class FiSHGPT2PreTrainedModel(AutoMapMixin, PreTrainedModel):
         """As HF's, plus: a stock GPT-2 checkpoint (model_type "gpt2") is converted when FiSH heads are asked for.
 
         Its embeddings, MLPs, norms, values and output projections are copied; the global Q/K heads are its first
-        M query/key heads. Config fields (attention_type=..., num_global_heads=...) may be passed as keywords."""
+        M query/key heads. Config fields (attention_type=..., num_global_heads=...) may be passed as keywords;
+        `dtype` is honoured, `device_map` only as a single device."""
         config_dict, _ = PreTrainedConfig.get_config_dict(pretrained_model_name_or_path,
                                                           **_hub_kwargs(kwargs))
-        fields = {f.name for f in dataclasses.fields(FiSHGPT2Config)}
-        overrides = {k: kwargs[k] for k in list(kwargs) if k in fields}
-        if config_dict.get("model_type") != "gpt2" or overrides.get("attention_type", "fish") == "softmax":
+        if config_dict.get("model_type") != "gpt2" or kwargs.get("attention_type", "fish") == "softmax":
             return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
-        return _from_stock_gpt2(cls, pretrained_model_name_or_path, config_dict, overrides,
-                                {k: v for k, v in kwargs.items() if k not in overrides})
+        return _from_stock_gpt2(cls, pretrained_model_name_or_path, config_dict, kwargs)
 
 
 def _hub_kwargs(kwargs):
@@ -175,21 +174,45 @@ def _hub_kwargs(kwargs):
     return {k: kwargs[k] for k in keys if k in kwargs}
 
 
-def _from_stock_gpt2(cls, path, config_dict, overrides, load_kwargs):
-    from transformers import GPT2LMHeadModel
+# Our fields that GPT2Config lacks: the rest of the keywords go to the stock class's own from_pretrained.
+_FISH_FIELDS = ("attention_type", "num_global_heads", "head_dim", "fish_noise_init")
 
-    stock = GPT2LMHeadModel.from_pretrained(path, **load_kwargs)
+
+def _single_device(device_map):
+    """The one device `device_map` names, or None; the converted model is built whole, so no splitting."""
+    if device_map is None:
+        return None
+    one = device_map.get("") if isinstance(device_map, dict) and list(device_map) == [""] else device_map
+    try:
+        return torch.device(one)
+    except (RuntimeError, TypeError):
+        raise ValueError(
+            f"device_map={device_map!r} is not supported when converting a stock GPT-2 checkpoint: give one device "
+            "(device_map='cpu', 'cuda:0', ...), or convert, save_pretrained, and load the saved folder with it"
+        ) from None
+
+
+def _from_stock_gpt2(cls, path, config_dict, kwargs):
+    """Load the checkpoint with the stock class of the same head (so HF drops, keeps or initialises head weights
+    exactly as it does between stock GPT-2 heads), then copy its weights into `cls`."""
+    import transformers
+
+    fish_kwargs = {k: kwargs[k] for k in _FISH_FIELDS if k in kwargs}
+    stock_kwargs = {k: v for k, v in kwargs.items() if k not in _FISH_FIELDS}
+    device = _single_device(stock_kwargs.pop("device_map", None))
+    stock = getattr(transformers, cls._stock_gpt2_class).from_pretrained(path, **stock_kwargs)
     keep = {f.name for f in dataclasses.fields(FiSHGPT2Config)} - {"model_type", "architectures", "auto_map"}
     base = {k: v for k, v in stock.config.to_dict().items() if k in keep}
-    config = FiSHGPT2Config(**{**base, **overrides})
-    stock_dim = stock.config.n_embd // stock.config.n_head
-    if config.attention_head_size != stock_dim or config.n_head != stock.config.n_head:
+    config = FiSHGPT2Config(**{**base, **fish_kwargs})
+    n_head, d = config_dict.get("n_head", 12), config_dict.get("n_embd", 768)  # the checkpoint's (GPT-2 defaults)
+    stock_dim = d // n_head
+    if config.attention_head_size != stock_dim or config.n_head != n_head or config.n_embd != d:
         raise ValueError(
-            f"cannot convert a GPT-2 checkpoint with {stock.config.n_head} heads of size {stock_dim} into "
+            f"cannot convert a GPT-2 checkpoint with {n_head} heads of size {stock_dim} into "
             f"n_head={config.n_head}, head_dim={config.attention_head_size}: keep the checkpoint's heads and size"
         )
-    model = cls(config)
-    d, md = stock.config.n_embd, config.num_global_heads * stock_dim
+    model = cls._from_config(config, dtype=stock.dtype)  # stock.dtype: the `dtype` asked for, or "auto"'s
+    md = config.num_global_heads * stock_dim
     state = {}
     for name, tensor in stock.state_dict().items():
         if name.endswith("attn.c_attn.weight"):  # Conv1D: (in, out), out = [Q | K | V]
@@ -197,15 +220,12 @@ def _from_stock_gpt2(cls, path, config_dict, overrides, load_kwargs):
         elif name.endswith("attn.c_attn.bias"):
             tensor = torch.cat([tensor[:md], tensor[d:d + md], tensor[2 * d:]])
         state[name] = tensor
-    prefix = cls.base_model_prefix + "."
-    if not hasattr(model, cls.base_model_prefix):  # the base model: no "transformer." in its names
-        state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
     missing, unexpected = model.load_state_dict(state, strict=False)
-    new_only = ("mixing", "noise_std", "score.weight")
+    new_only = (".attn.mixing", ".attn.noise_std")  # FiSH's own parameters, which keep their initialisation
     if unexpected or any(not any(s in k for s in new_only) for k in missing):
         raise RuntimeError(f"GPT-2 conversion left unexpected {unexpected} / missing {missing} weights")
     model.tie_weights()
-    return model.eval()
+    return (model if device is None else model.to(device)).eval()
 
 
 class FiSHGPT2Model(FiSHGPT2PreTrainedModel):
@@ -258,6 +278,7 @@ class FiSHGPT2Model(FiSHGPT2PreTrainedModel):
 
 
 class FiSHGPT2LMHeadModel(CausalLMHeadMixin, FiSHGPT2PreTrainedModel, GenerationMixin):
+    _stock_gpt2_class = "GPT2LMHeadModel"
     _tied_weights_keys = {"lm_head.weight": "transformer.wte.weight"}
 
     def __init__(self, config):
@@ -268,6 +289,7 @@ class FiSHGPT2LMHeadModel(CausalLMHeadMixin, FiSHGPT2PreTrainedModel, Generation
 
 
 class FiSHGPT2ForSequenceClassification(FiSHGPT2PreTrainedModel):
+    _stock_gpt2_class = "GPT2ForSequenceClassification"
     def __init__(self, config):
         super().__init__(config)
         self.num_labels = config.num_labels
