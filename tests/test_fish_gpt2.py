@@ -73,6 +73,42 @@ def test_no_causal_leak(attention_type):
 
 
 @pytest.mark.parametrize("attention_type", TYPES)
+def test_padding_is_masked(attention_type):
+    """A left-padded row gives the logits of its tokens run alone: padded keys contribute nothing."""
+    model = FiSHGPT2LMHeadModel(tiny(attention_type=attention_type)).eval()
+    ids, mask = left_padded()
+    ids[mask == 0] = torch.randint(3, 99, (int((mask == 0).sum()),))  # padding that would change the outputs if seen
+    logits = model(ids, attention_mask=mask, position_ids=positions(mask)).logits
+    for row in range(ids.shape[0]):
+        real = mask[row].bool()
+        alone = model(ids[row, real][None]).logits[0]
+        assert_close(logits[row, real], alone, rtol=1e-5, msg=f"row {row}")
+
+
+@pytest.mark.parametrize("attention_type", TYPES)
+def test_output_attentions(attention_type):
+    """Per layer (B, H, N, S) weights: nothing on later tokens or padded keys, real rows sum to 1, and asking for
+    them does not change the logits."""
+    model = FiSHGPT2LMHeadModel(tiny(attention_type=attention_type)).eval()
+    ids, mask = left_padded()
+    kw = dict(attention_mask=mask, position_ids=positions(mask))
+    out = model(ids, output_attentions=True, **kw)
+    b, n = ids.shape
+    assert len(out.attentions) == model.config.n_layer
+    later = torch.ones(n, n, dtype=torch.bool).triu(1)
+    real = mask.bool()
+    for weights in out.attentions:
+        assert weights.shape == (b, model.config.n_head, n, n)
+        # Only the real query rows: a padded row sees no key at all (FiSH gives it zeros, softmax spreads it evenly).
+        weights = weights * real[:, None, :, None]
+        assert (weights[..., later] == 0).all()
+        assert (weights.masked_select(~real[:, None, None, :]) == 0).all()
+        rows = weights.transpose(1, 2)[real]  # (real rows, H, S)
+        assert_close(rows.sum(-1), torch.ones_like(rows[..., 0]), rtol=1e-6)
+    assert_close(out.logits[real], model(ids, **kw).logits[real], rtol=1e-5)  # padded positions: undefined
+
+
+@pytest.mark.parametrize("attention_type", TYPES)
 def test_cached_generation_equals_the_uncached_forward_with_left_padding(attention_type):
     model = FiSHGPT2LMHeadModel(tiny(attention_type=attention_type)).eval()
     ids, mask = left_padded()
