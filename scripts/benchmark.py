@@ -23,6 +23,7 @@ import argparse
 import copy
 import importlib
 import json
+import math
 import os
 import resource
 import statistics
@@ -346,21 +347,21 @@ def print_param_table(title, spec, results):
 
 
 # ------------------------------------------------------------------ NPRF
-NPRF_ATTN = dict(batch=1, heads=8, head_dim=64, features=32)
+NPRF_ATTN = dict(heads=8, head_dim=64, features=32)
 NPRF_WIDTH = dict(hidden_size=512, num_hidden_layers=2, num_attention_heads=8, intermediate_size=2048,
                   vocab_size=1000, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 NPRF_PATHS = ("explicit", "fft", "band")
 
 
-def nprf_attention_step(path, length, causal):
+def nprf_attention_step(path, length, causal, batch):
     """fwd+bwd of one attention call on random (B, H, N, D) inputs: SDPA or one exact NPRF path."""
     from hf_mgk import attention_nprf as an
 
-    b, h, d, m = (NPRF_ATTN[k] for k in ("batch", "heads", "head_dim", "features"))
-    q, k, v = (torch.randn(b, h, length, d, requires_grad=True) for _ in range(3))
+    h, d, m = (NPRF_ATTN[k] for k in ("heads", "head_dim", "features"))
+    q, k, v = (torch.randn(batch, h, length, d, requires_grad=True) for _ in range(3))
     # A dense upstream gradient, as from the layers above (`.sum().backward()` would pass a stride-0 one, which
     # makes bmm's backward copy it matrix by matrix).
-    grad = torch.randn(b, h, length, d)
+    grad = torch.randn(batch, h, length, d)
     if path == "sdpa":
         return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(grad)
     table = torch.zeros(h, 32, requires_grad=True)  # T5 buckets, the model's defaults (32 buckets, distance 128)
@@ -373,9 +374,9 @@ def nprf_attention_step(path, length, causal):
     return step
 
 
-def nprf_explicit_fits(length):
+def nprf_explicit_fits(length, batch):
     """The explicit path keeps several B*H*N*N float32 tensors for backward: skip it where that passes ~8 GiB."""
-    return 6 * NPRF_ATTN["batch"] * NPRF_ATTN["heads"] * length * length * 4 < 8 * 2**30
+    return 6 * batch * NPRF_ATTN["heads"] * length * length * 4 < 8 * 2**30
 
 
 def _timed(step, repeats, warm_up=None):
@@ -392,13 +393,13 @@ def _timed(step, repeats, warm_up=None):
     return {"seconds": statistics.median(times), "peak_mib": max(peak, 0) / 2**20}, warm
 
 
-def measure_attention(path, length, causal, repeats, threads):
+def measure_attention(path, length, causal, batch, repeats, threads):
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    return _timed(nprf_attention_step(path, length, causal), repeats)[0]
+    return _timed(nprf_attention_step(path, length, causal, batch), repeats)[0]
 
 
-def whole_model_forward(kind, length):
+def whole_model_forward(kind, length, batch):
     """One forward (no grad) of an encoder of equal width at this length."""
     if kind == "nprf":
         from hf_mgk import NPRFRobertaConfig, NPRFRobertaModel
@@ -419,15 +420,39 @@ def whole_model_forward(kind, length):
     else:
         raise ValueError(kind)
     model.eval()
-    ids = torch.randint(3, NPRF_WIDTH["vocab_size"], (1, length))
+    ids = torch.randint(3, NPRF_WIDTH["vocab_size"], (batch, length))
     return lambda: model(ids)
 
 
-def measure_forward(kind, length, repeats, threads):
+def measure_forward(kind, length, batch, repeats, threads):
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     with torch.no_grad():
-        return _timed(whole_model_forward(kind, length), repeats)[0]
+        return _timed(whole_model_forward(kind, length, batch), repeats)[0]
+
+
+def growth_per_doubling(seconds):
+    """{N: seconds} -> [(N1, N2, factor)] for consecutive measured lengths: the time's factor per doubling of N,
+    (t(N2) / t(N1)) ** (1 / log2(N2 / N1)), which is t(2N) / t(N) when N2 = 2 N1."""
+    ns = sorted(seconds)
+    return [(a, b, (seconds[b] / seconds[a]) ** (1 / math.log2(b / a))) for a, b in zip(ns, ns[1:])]
+
+
+def stays_ahead_from(seconds, baseline):
+    """The smallest N (of those measured in both {N: seconds}) from which `seconds` is below `baseline` at that N
+    and at every larger one; None if it is not ahead at the largest."""
+    start = None
+    for n in sorted(set(seconds) & set(baseline), reverse=True):
+        if seconds[n] >= baseline[n]:
+            break
+        start = n
+    return start
+
+
+def _ms(seconds):
+    """Milliseconds to at least 3 significant digits, no exponent (ratios can be checked against them)."""
+    ms = 1000 * seconds
+    return f"{ms:.{max(0, 2 - math.floor(math.log10(ms))) if ms > 0 else 0}f}"
 
 
 @family("nprf")
@@ -440,18 +465,20 @@ def run_nprf(args):
     """Attention fwd+bwd per path and length, growth per doubling and the crossover; then whole-model forwards.
     Lengths above 4096 are timed once (a single 16k SDPA step takes tens of seconds here)."""
     lengths = args.lengths or [512, 1024, 2048, 4096, 8192, 16384]
+    batch = args.batch
     for causal in (False, True):
         rows = {}
         for length in lengths:
             for path in ("sdpa",) + NPRF_PATHS:
-                if path == "explicit" and not nprf_explicit_fits(length):
+                if path == "explicit" and not nprf_explicit_fits(length, batch):
                     rows[(path, length)] = {"error": "skipped (N^2 memory)"}
                     continue
                 repeats = args.repeats if length <= 4096 else 1
-                rows[(path, length)] = call_child("measure_attention", [path, length, causal, repeats,
-                                                                             args.threads])
+                rows[(path, length)] = call_child("measure_attention", [path, length, causal, batch, repeats,
+                                                                         args.threads])
         title = ("causal" if causal else "bidirectional") + " attention, fwd+bwd"
-        print(f"\n## nprf: {title} (B=1, H=8, D=64, m=32, T5 buckets 32/128); ratio = time / SDPA's")
+        print(f"\n## nprf: {title} (B={batch}, H={NPRF_ATTN['heads']}, D={NPRF_ATTN['head_dim']}, "
+              f"m={NPRF_ATTN['features']}, T5 buckets 32/128); ratio = time / SDPA's")
         print("| N | SDPA ms | " + " | ".join(f"{p} ms | x SDPA | MiB" for p in NPRF_PATHS) + " | SDPA MiB |")
         print("|---:|---:|" + "---:|---:|---:|" * len(NPRF_PATHS) + "---:|")
         for length in lengths:
@@ -462,24 +489,29 @@ def run_nprf(args):
                 if "error" in r or "error" in s:
                     cells.append(f"{r.get('error', '')} | | ")
                 else:
-                    cells.append(f"{1000 * r['seconds']:.0f} | {r['seconds'] / s['seconds']:.2f} | {r['peak_mib']:.0f}")
-            sdpa_ms = f"{1000 * s['seconds']:.0f}" if "error" not in s else s["error"]
+                    cells.append(f"{_ms(r['seconds'])} | {r['seconds'] / s['seconds']:.2f} | {r['peak_mib']:.0f}")
+            sdpa_ms = _ms(s["seconds"]) if "error" not in s else s["error"]
             print(f"| {length} | {sdpa_ms} | " + " | ".join(cells) + f" | {s.get('peak_mib', 0):.0f} |")
-        print("\ngrowth per doubling of N (time(2N) / time(N)):")
-        for p in ("sdpa",) + NPRF_PATHS:
-            ratios = [rows[(p, b)]["seconds"] / rows[(p, a)]["seconds"] for a, b in zip(lengths, lengths[1:])
-                      if "error" not in rows[(p, a)] and "error" not in rows[(p, b)]]
-            print(f"  {p}: " + ", ".join(f"{r:.2f}" for r in ratios))
-        fastest = {n: min((rows[(p, n)]["seconds"], p) for p in NPRF_PATHS if "error" not in rows[(p, n)])
-                   for n in lengths}
-        crossing = [n for n in lengths if fastest[n][0] < rows[("sdpa", n)]["seconds"]]
-        print(f"crossover: NPRF's fastest exact path beats SDPA from N = {crossing[0] if crossing else 'never'} "
-              f"(lengths tried {lengths})")
-    print("\n## nprf: whole-model forward, no grad, equal width (hidden 512, 2 layers, 8 heads); x = time / RoBERTa's")
+        seconds = {p: {n: rows[(p, n)]["seconds"] for n in lengths if "error" not in rows[(p, n)]}
+                   for p in ("sdpa",) + NPRF_PATHS}
+        print("\ngrowth per doubling of N (time(2N) / time(N); per doubling where measured lengths skip one):")
+        for p, t in seconds.items():
+            print(f"  {p}: " + ", ".join(f"{a}->{b} {g:.2f}" for a, b, g in growth_per_doubling(t)))
+        fastest = {n: min(seconds[p][n] for p in NPRF_PATHS if n in seconds[p])
+                   for n in lengths if any(n in seconds[p] for p in NPRF_PATHS)}
+        print(f"crossover: the smallest N from which a path is faster than SDPA at every larger measured N as well "
+              f"(lengths tried {lengths}):")
+        for name, t in [("fastest exact NPRF path", fastest)] + [(p, seconds[p]) for p in NPRF_PATHS]:
+            n = stays_ahead_from(t, seconds["sdpa"])
+            print(f"  {name}: " + (f"from N = {n}" if n is not None else "never stays ahead (not faster at the "
+                                   "largest N measured for both)"))
+    print(f"\n## nprf: whole-model forward, no grad, equal width (hidden {NPRF_WIDTH['hidden_size']}, "
+          f"{NPRF_WIDTH['num_hidden_layers']} layers, {NPRF_WIDTH['num_attention_heads']} heads), batch {batch}; "
+          "x = time / RoBERTa's")
     print("| N | RoBERTa (SDPA) ms | NPRF-RoBERTa ms | x | Longformer (window 256) ms | x |")
     print("|---:|---:|---:|---:|---:|---:|")
     for length in lengths:
-        res = {kind: call_child("measure_forward", [kind, length, args.repeats if length <= 4096 else 1,
+        res = {kind: call_child("measure_forward", [kind, length, batch, args.repeats if length <= 4096 else 1,
                                                          args.threads])
                for kind in ("roberta", "nprf", "longformer")}
         base = res["roberta"]
@@ -489,8 +521,8 @@ def run_nprf(args):
             if "error" in r or "error" in base:
                 cells.append(f"{r.get('error', base.get('error'))} | ")
             else:
-                cells.append(f"{1000 * r['seconds']:.0f} | {r['seconds'] / base['seconds']:.2f}")
-        base_ms = f"{1000 * base['seconds']:.0f}" if "error" not in base else base["error"]
+                cells.append(f"{_ms(r['seconds'])} | {r['seconds'] / base['seconds']:.2f}")
+        base_ms = _ms(base["seconds"]) if "error" not in base else base["error"]
         print(f"| {length} | {base_ms} | " + " | ".join(cells) + " |")
 
 
