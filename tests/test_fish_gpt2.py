@@ -298,31 +298,47 @@ def test_too_long_input_is_refused_clearly():
 
 
 def test_remote_code_without_hf_mgk_gives_identical_logits_and_text(tmp_path):
+    """One child process without hf_mgk loads the folders through AutoModelForCausalLM, AutoModel and
+    AutoModelForSequenceClassification: same classes, same weights, same outputs, same generated text."""
     model = FiSHGPT2LMHeadModel(tiny(attention_type="gfish")).eval()
-    folder = tmp_path / "fish"
+    classifier = FiSHGPT2ForSequenceClassification(tiny(attention_type="mish", num_labels=3)).eval()
+    folder, cls_folder = tmp_path / "fish", tmp_path / "fish-cls"
     model.save_pretrained(folder)
+    classifier.save_pretrained(cls_folder)
     auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
     assert set(auto_map) == {"AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoModelForSequenceClassification"}
     assert {"modeling_fish_gpt2.py", "attention_fish.py", "configuration_fish_gpt2.py"} <= set(os.listdir(folder))
     assert isinstance(AutoModelForCausalLM.from_pretrained(folder), FiSHGPT2LMHeadModel)
     ids, mask = left_padded()
-    logits = model(ids, attention_mask=mask, position_ids=positions(mask)).logits
+    kw = dict(attention_mask=mask, position_ids=positions(mask))
+    with torch.no_grad():
+        expected = {"causal_lm": (model, model(ids, **kw).logits),
+                    "base": (model.transformer, model.transformer(ids, **kw).last_hidden_state),
+                    "classifier": (classifier, classifier(ids, **kw).logits)}
     text = model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
     torch.save({"ids": ids, "mask": mask}, tmp_path / "inputs.pt")
     got = run_without_package(f"""
         import json, torch, transformers
         x = torch.load("inputs.pt")
-        m = transformers.AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code=True).eval()
-        pos = (x["mask"].cumsum(-1) - 1).clamp_min(0)
-        logits = m(x["ids"], attention_mask=x["mask"], position_ids=pos).logits
-        text = m.generate(x["ids"], attention_mask=x["mask"], max_new_tokens=5, do_sample=False, pad_token_id=0)
-        torch.save({{"logits": logits, "state": m.state_dict()}}, "loaded.pt")
-        print(json.dumps({{"module": type(m).__module__, "text": text.tolist()}}))
+        kw = dict(attention_mask=x["mask"], position_ids=(x["mask"].cumsum(-1) - 1).clamp_min(0))
+        load = lambda auto, path: getattr(transformers, auto).from_pretrained(path, trust_remote_code=True).eval()
+        models = {{"causal_lm": load("AutoModelForCausalLM", {str(folder)!r}),
+                  "base": load("AutoModel", {str(folder)!r}),
+                  "classifier": load("AutoModelForSequenceClassification", {str(cls_folder)!r})}}
+        with torch.no_grad():
+            saved = {{name: {{"out": m(x["ids"], **kw)[0], "state": m.state_dict()}} for name, m in models.items()}}
+        text = models["causal_lm"].generate(x["ids"], attention_mask=x["mask"], max_new_tokens=5, do_sample=False,
+                                            pad_token_id=0)
+        torch.save(saved, "loaded.pt")
+        print(json.dumps({{"classes": {{name: [type(m).__module__, type(m).__name__] for name, m in models.items()}},
+                          "text": text.tolist()}}))
     """, cwd=str(tmp_path))
-    assert got["module"].startswith("transformers_modules")
     loaded = torch.load(tmp_path / "loaded.pt")
-    state = model.state_dict()
-    assert loaded["state"].keys() == state.keys()
-    assert all(torch.equal(loaded["state"][k], v) for k, v in state.items())  # the very same weights and buffers
-    assert_same_outputs(loaded["logits"], logits)  # float32 round-off apart, see hub.assert_same_outputs
+    for name, (ours, output) in expected.items():
+        module, class_name = got["classes"][name]
+        assert module.startswith("transformers_modules") and class_name == type(ours).__name__, name
+        state = ours.state_dict()
+        assert loaded[name]["state"].keys() == state.keys(), name
+        assert all(torch.equal(loaded[name]["state"][k], v) for k, v in state.items()), name  # the very same weights
+        assert_same_outputs(loaded[name]["out"], output, name)  # float32 round-off apart, see hub.assert_same_outputs
     assert got["text"] == text.tolist()
