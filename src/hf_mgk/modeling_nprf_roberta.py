@@ -77,7 +77,9 @@ class NPRFRobertaEmbeddings(nn.Module):
             top = int(position_ids.max())
             if top >= self.position_embeddings.num_embeddings:
                 usable = self.position_embeddings.num_embeddings - self.padding_idx - 1
-                check_sequence_length(top - self.padding_idx, usable)
+                check_sequence_length(top - self.padding_idx, usable, why=(
+                    f"max_position_embeddings={self.position_embeddings.num_embeddings} minus RoBERTa's padding "
+                    f"offset {self.padding_idx + 1}"))
             embeddings = embeddings + self.position_embeddings(position_ids)
         return self.dropout(self.LayerNorm(embeddings))
 
