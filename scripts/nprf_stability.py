@@ -28,10 +28,11 @@ unnormalized PRF (features of q / D^(1/4), k / D^(1/4), the softmax kernel as in
 norms: φ underflows in float32, a query's denominator becomes 0 and 0/0 follows (with the q/k projections of a
 fresh tiny model scaled x300, |q| ~ 100-180, its first loss is NaN; see tests/test_nprf_long.py), while NPRF is
 unchanged by any scale. A fast ramp to a high rate makes training itself produce such norms. With these
-defaults (120 steps, 12 warm-up steps, 2000 training blocks, seeds 0-2) PRF's loss became NaN in 2/3 seeds (at
-steps 42 and 44, norms 83-90), NPRF's, softmax's and NPRF-without-RPE's in 0/3 (their norms grew to 70-117
-without harm: NPRF only sees directions, softmax subtracts its max). (Before PRF's features took the D^(1/4)
-scaling, the same run failed in 3/3 seeds, earlier.) It is a tail event, not a certainty. Caveat: in 120 steps
+defaults (120 steps, 12 warm-up steps, 2000 training blocks) and seeds 0-5 (`--seeds 0 1 2`, then `3 4 5`),
+PRF's loss became NaN in 2/6 seeds (seed 0 at step 37, seed 4 at step 53; |q|,|k| up to 78-87), NPRF's,
+softmax's and NPRF-without-RPE's in 0/6 (their norms grew to 68-117 without harm: NPRF only sees directions,
+softmax subtracts its max). (Earlier runs, while every layer shared one W whatever the seed, failed in 2/3 seeds,
+and in 3/3 before PRF's features took the D^(1/4) scaling.) It is a tail event, not a certainty. Caveat: in 120 steps
 no variant gets past the unigram plateau (held-out loss ~6.2 for every finite run), so this run speaks to
 numerical stability only, not to what each attention can learn.
 
