@@ -290,6 +290,7 @@ class FiSHGPT2LMHeadModel(CausalLMHeadMixin, FiSHGPT2PreTrainedModel, Generation
 
 class FiSHGPT2ForSequenceClassification(FiSHGPT2PreTrainedModel):
     _stock_gpt2_class = "GPT2ForSequenceClassification"
+
     def __init__(self, config):
         super().__init__(config)
         self.num_labels = config.num_labels
