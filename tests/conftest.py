@@ -22,3 +22,12 @@ def assert_close(actual, expected, rtol=1e-5, atol=1e-6, msg=""):
     scale = expected.abs().max().clamp_min(1e-12)
     err = (actual - expected).abs().max()
     assert err <= rtol * scale + atol, f"{msg} max abs err {err.item():.3e} vs scale {scale.item():.3e}"
+
+
+def roberta_padded_batch(b=3, n=10, pad_from=6, vocab_size=99):
+    """Random ids for a RoBERTa-style model, the last row padded (pad id 1, mask 0) from `pad_from` on."""
+    ids = torch.randint(3, vocab_size, (b, n))
+    mask = torch.ones(b, n, dtype=torch.long)
+    mask[-1, pad_from:] = 0
+    ids[-1, pad_from:] = 1  # RoBERTa's pad id
+    return ids, mask

@@ -19,7 +19,7 @@ from transformers import (
 )
 from transformers.models.t5.modeling_t5 import T5Attention
 
-from conftest import assert_close
+from conftest import assert_close, roberta_padded_batch as padded_batch
 from hf_mgk import (
     NPRFRobertaConfig,
     NPRFRobertaForCausalLM,
@@ -33,16 +33,6 @@ from hf_mgk import (
 ROBERTA = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
                max_position_embeddings=66, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                num_labels=3, initializer_range=0.2)  # 10x the default: attention is not lost beside the residual
-PAD = 1  # RoBERTa's pad_token_id
-
-
-def padded_batch(b=3, n=10, pad_from=6):
-    """Random ids, the last row padded (pad id, mask 0) from `pad_from` on."""
-    ids = torch.randint(3, ROBERTA["vocab_size"], (b, n))
-    mask = torch.ones(b, n, dtype=torch.long)
-    mask[-1, pad_from:] = 0
-    ids[-1, pad_from:] = PAD
-    return ids, mask
 
 
 # ------------------------------------------------------------------ 1. softmax = stock RoBERTa, every head

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForMaskedLM, RobertaConfig, RobertaForMaskedLM
 
-from conftest import assert_close
+from conftest import assert_close, roberta_padded_batch as batch
 from hf_mgk import (
     NPRFRobertaConfig,
     NPRFRobertaForCausalLM,
@@ -30,14 +30,6 @@ IDS = ["nprf", "unnormalized", "no-rpe", "no-abs-pos", "head-dim", "softmax"]
 
 def tiny(**kw):
     return NPRFRobertaConfig(**{**TINY, **kw})
-
-
-def batch(b=3, n=10, pad_from=6):
-    ids = torch.randint(3, 99, (b, n))
-    mask = torch.ones(b, n, dtype=torch.long)
-    mask[-1, pad_from:] = 0
-    ids[-1, pad_from:] = 1  # RoBERTa's pad id
-    return ids, mask
 
 
 @pytest.mark.parametrize("kw,field", [
