@@ -1,0 +1,467 @@
+"""What the training scripts (`scripts/run_mlm.py`, `run_clm.py`, `run_glue.py`, `run_qa.py`) share, written once.
+
+They follow transformers' example scripts: `ModelArguments` / a `DataArguments` subclass / `TrainingArguments`
+through `HfArgumentParser` (or one `.json` file as the only argument), a model from a checkpoint
+(`--model_name_or_path`: a stock BERT / GPT-2 / RoBERTa checkpoint warm-starts the family's attention, a saved
+hf-mgk folder continues) or from scratch (`--model_type` + `--config_overrides`), datasets from the Hub or local
+files, automatic resume from the last checkpoint in `--output_dir`, and `*_results.json` at the end.
+
+Beyond upstream: an output folder that holds a *different* run is refused (the run's identity is written to
+`hf_mgk_run.json`), `--config_overrides` values are parsed as JSON and checked against the config's fields (a
+typo is an error, not a silently ignored attribute), and `--attention_overrides` / `--keep_heads` choose the
+attention of a warm start."""
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from typing import Optional
+
+import transformers
+from transformers import AutoConfig, AutoTokenizer, HfArgumentParser, TrainingArguments
+from transformers.trainer_utils import get_last_checkpoint
+
+logger = logging.getLogger("hf_mgk.training")
+
+RUN_FILE = "hf_mgk_run.json"
+
+# A stock checkpoint's model_type -> the hf-mgk family that warm-starts from it.
+STOCK_FAMILY = {"bert": "mgk-bert", "gpt2": "fish-gpt2", "roberta": "nprf-roberta"}
+
+# family -> task -> class name in hf_mgk. Tasks: mlm, clm, seq-cls, qa.
+FAMILY_CLASSES = {
+    "mgk-bert": {"mlm": "MGKBertForMaskedLM", "seq-cls": "MGKBertForSequenceClassification",
+                 "qa": "MGKBertForQuestionAnswering", "base": "MGKBertModel"},
+    "fish-gpt2": {"clm": "FiSHGPT2LMHeadModel", "seq-cls": "FiSHGPT2ForSequenceClassification",
+                  "base": "FiSHGPT2Model"},
+    "nprf-roberta": {"mlm": "NPRFRobertaForMaskedLM", "clm": "NPRFRobertaForCausalLM",
+                     "seq-cls": "NPRFRobertaForSequenceClassification", "qa": "NPRFRobertaForQuestionAnswering",
+                     "base": "NPRFRobertaModel"},
+}
+FAMILY_CONFIGS = {"mgk-bert": "MGKBertConfig", "fish-gpt2": "FiSHGPT2Config", "nprf-roberta": "NPRFRobertaConfig"}
+TASK_NAMES = {"mlm": "masked language modeling", "clm": "causal language modeling",
+              "seq-cls": "sequence classification", "qa": "extractive question answering"}
+
+
+@dataclass
+class ModelArguments:
+    """Which model to start from: a checkpoint (`--model_name_or_path`) or a new one (`--model_type`)."""
+
+    model_name_or_path: Optional[str] = field(default=None, metadata={"help": (
+        "A checkpoint folder or Hub name. A stock BERT / GPT-2 / RoBERTa checkpoint warm-starts MGK-BERT / "
+        "FiSH-GPT2 / NPRF-RoBERTa (choose the attention with --attention_overrides); a saved hf-mgk folder "
+        "(or a checkpoint-* folder) continues from its weights. Leave unset to train from scratch with "
+        "--model_type.")})
+    model_type: Optional[str] = field(default=None, metadata={
+        "help": "Train from scratch: the family to build (with --config_overrides and --tokenizer_name).",
+        "choices": sorted(FAMILY_CONFIGS)})
+    config_overrides: Optional[str] = field(default=None, metadata={"help": (
+        "Only with --model_type (as upstream): config fields of the new model, comma-separated key=value, values "
+        "parsed as JSON, e.g. 'attention_type=mgk,num_keys=2,num_hidden_layers=4,mgk_variances=[1,3]'.")})
+    attention_overrides: Optional[str] = field(default=None, metadata={"help": (
+        "Only with --model_name_or_path: config fields for the attention of the warm start, same syntax as "
+        "--config_overrides, e.g. 'attention_type=mgk,num_keys=2,num_attention_heads=6' (6 heads kept of the "
+        "checkpoint's 12; see --keep_heads). Default: the family's default attention for a stock checkpoint, the "
+        "saved one for an hf-mgk folder.")})
+    keep_heads: Optional[str] = field(default=None, metadata={"help": (
+        "With fewer heads than the checkpoint: which of its heads to keep, comma-separated indices (the same in "
+        "every layer), e.g. '0,2,4,6,8,10'. Default: the first ones.")})
+    config_name: Optional[str] = field(default=None, metadata={
+        "help": "A config folder / Hub name to build a new model from, if not the one of --model_name_or_path."})
+    tokenizer_name: Optional[str] = field(default=None, metadata={
+        "help": "A tokenizer folder / Hub name, if not the one of --model_name_or_path (needed with --model_type)."})
+    cache_dir: Optional[str] = field(default=None, metadata={
+        "help": "Where to store models, tokenizers and datasets downloaded from the Hub."})
+    use_fast_tokenizer: bool = field(default=True, metadata={
+        "help": "Use a fast (Rust) tokenizer; run_qa.py needs one (offset mappings)."})
+    model_revision: str = field(default="main", metadata={
+        "help": "The model version to use on the Hub: a branch name, tag or commit id."})
+    token: Optional[str] = field(default=None, metadata={
+        "help": "The Hub token for private models / datasets (default: the one `hf auth login` stored)."})
+    trust_remote_code: bool = field(default=False, metadata={"help": (
+        "Allow custom code from the Hub for the model, tokenizer and dataset. hf-mgk's own families never need it "
+        "here (this package is installed); set it only for checkpoints or datasets whose code you have read.")})
+
+    def __post_init__(self):
+        if self.config_overrides is not None and (self.model_type is None or self.model_name_or_path is not None
+                                                  or self.config_name is not None):
+            raise ValueError("--config_overrides goes only with --model_type (a new model from scratch), not with "
+                             "--model_name_or_path or --config_name; to change the attention of a warm start use "
+                             "--attention_overrides")
+        if self.attention_overrides is not None and self.model_name_or_path is None:
+            raise ValueError("--attention_overrides goes only with --model_name_or_path; for a new model use "
+                             "--model_type with --config_overrides")
+        if self.model_name_or_path is None and self.model_type is None and self.config_name is None:
+            raise ValueError("give --model_name_or_path (a checkpoint to start from) or --model_type (a new model, "
+                             f"one of {', '.join(sorted(FAMILY_CONFIGS))})")
+        self.keep_heads_list = _parse_heads(self.keep_heads)
+        if self.keep_heads_list is not None and self.model_name_or_path is None:
+            raise ValueError("--keep_heads goes only with --model_name_or_path (heads of a checkpoint to keep)")
+
+    def hub_kwargs(self):
+        """The download options every `from_pretrained` call takes."""
+        return {"cache_dir": self.cache_dir, "revision": self.model_revision, "token": self.token,
+                "trust_remote_code": self.trust_remote_code}
+
+
+@dataclass
+class DataArguments:
+    """The data options every script shares; each script subclasses this with its own."""
+
+    dataset_name: Optional[str] = field(default=None, metadata={
+        "help": "A dataset on the Hub (datasets' load_dataset name), for example 'wikitext' or 'squad'."})
+    dataset_config_name: Optional[str] = field(default=None, metadata={
+        "help": "The dataset's configuration, for example 'wikitext-2-raw-v1'."})
+    train_file: Optional[str] = field(default=None, metadata={"help": "A local training file (txt, csv, tsv, json "
+                                                                      "or jsonl; the script says which)."})
+    validation_file: Optional[str] = field(default=None, metadata={
+        "help": "A local evaluation file, in the format of --train_file."})
+    validation_split_percentage: int = field(default=5, metadata={
+        "help": "Without a validation split: this percentage of the training data becomes the validation set."})
+    max_train_samples: Optional[int] = field(default=None, metadata={
+        "help": "Truncate the training set to this many examples (debugging, quick runs)."})
+    max_eval_samples: Optional[int] = field(default=None, metadata={
+        "help": "Truncate the evaluation set to this many examples."})
+    max_predict_samples: Optional[int] = field(default=None, metadata={
+        "help": "Truncate the prediction (test) set to this many examples."})
+    preprocessing_num_workers: Optional[int] = field(default=None, metadata={
+        "help": "Processes for tokenization (datasets.map num_proc)."})
+    overwrite_cache: bool = field(default=False, metadata={
+        "help": "Recompute the tokenized datasets instead of reusing datasets' cache."})
+
+    def __post_init__(self):
+        if self.dataset_name is None and self.train_file is None and self.validation_file is None:
+            raise ValueError("give --dataset_name (a Hub dataset) or --train_file / --validation_file (local files)")
+        for name in ("train_file", "validation_file", "test_file"):
+            path = getattr(self, name, None)
+            if path is not None and not os.path.isfile(path):
+                raise ValueError(f"--{name} {path} does not exist")
+        if not 0 < self.validation_split_percentage < 100:
+            raise ValueError(f"--validation_split_percentage must be in 1..99; got {self.validation_split_percentage}")
+        for name in ("max_train_samples", "max_eval_samples", "max_predict_samples"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--{name} must be >= 1; got {value}")
+
+
+@dataclass
+class HfMgkTrainingArguments(TrainingArguments):
+    """transformers' TrainingArguments plus the example scripts' `--overwrite_output_dir` (gone from v5)."""
+
+    overwrite_output_dir: bool = field(default=False, metadata={"help": (
+        "Start a new run in --output_dir even if it holds checkpoints or another run (its checkpoints are "
+        "deleted). Without it a run resumes from the folder's last checkpoint, and a folder holding a different "
+        "run is refused.")})
+
+
+def parse_args(data_class, argv=None):
+    """(ModelArguments, data_class, HfMgkTrainingArguments) from the command line, or from one .json file given as
+    the only argument, as transformers' examples do. Bad values exit with the message (argparse's way)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = HfArgumentParser((ModelArguments, data_class, HfMgkTrainingArguments))
+    try:
+        if len(argv) == 1 and argv[0].endswith(".json"):
+            return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
+        return parser.parse_args_into_dataclasses(args=argv)
+    except ValueError as err:  # raised by the dataclasses' own checks
+        parser.error(str(err))
+
+
+def setup_logging(training_args):
+    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", datefmt="%m/%d/%Y %H:%M:%S",
+                        handlers=[logging.StreamHandler(sys.stdout)])
+    level = training_args.get_process_log_level()
+    logger.setLevel(level)
+    transformers.utils.logging.set_verbosity(level)
+    transformers.utils.logging.enable_default_handler()
+    transformers.utils.logging.enable_explicit_format()
+    try:
+        import datasets
+
+        datasets.utils.logging.set_verbosity(level)
+    except ImportError:
+        pass
+
+
+def parse_overrides(text, config_class, option):
+    """'a=1,b=[1,3],c=mgk' -> {'a': 1, 'b': [1, 3], 'c': 'mgk'}: values as JSON (bare words are strings, None /
+    True / False as Python spells them too), keys checked against the config's fields."""
+    if not text:
+        return {}
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        depth += ch in "[{" and 1 or ch in "]}" and -1 or 0
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    parts.append(current)
+    known = {f.name for f in dataclasses.fields(config_class)} | set(vars(config_class()).keys())
+    out = {}
+    for part in parts:
+        key, sep, raw = part.partition("=")
+        key, raw = key.strip(), raw.strip()
+        if not sep or not key:
+            raise ValueError(f"{option}: expected key=value pairs separated by commas; got {part!r} in {text!r}")
+        if key not in known:
+            raise ValueError(f"{option}: {config_class.__name__} has no field {key!r}")
+        literal = {"None": None, "True": True, "False": False}
+        try:
+            value = literal[raw] if raw in literal else json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        out[key] = value
+    return out
+
+
+def _parse_heads(text):
+    if text is None:
+        return None
+    try:
+        return [int(h) for h in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--keep_heads must be comma-separated head indices like '0,2,4'; got {text!r}") from None
+
+
+def _package():
+    import hf_mgk  # registers the families with the Auto classes
+
+    return hf_mgk
+
+
+def checkpoint_config(model_args):
+    """The config dict of --model_name_or_path (or --config_name), without building a model; None when new."""
+    from transformers import PreTrainedConfig
+
+    source = model_args.model_name_or_path or model_args.config_name
+    if source is None:
+        return None
+    kwargs = {k: v for k, v in model_args.hub_kwargs().items() if k != "trust_remote_code"}
+    config_dict, _ = PreTrainedConfig.get_config_dict(source, **kwargs)
+    return config_dict
+
+
+def family_of(model_args):
+    """The hf-mgk family a run builds: from the checkpoint's model_type (stock or hf-mgk), else --model_type."""
+    config_dict = checkpoint_config(model_args)
+    if config_dict is None:
+        return model_args.model_type
+    model_type = config_dict.get("model_type")
+    family = STOCK_FAMILY.get(model_type, model_type)
+    if family not in FAMILY_CONFIGS:
+        raise ValueError(
+            f"{model_args.model_name_or_path or model_args.config_name} is a {model_type!r} checkpoint; hf-mgk "
+            f"warm-starts from {', '.join(sorted(STOCK_FAMILY))} checkpoints and continues "
+            f"{', '.join(sorted(FAMILY_CONFIGS))} ones")
+    if model_args.model_type is not None and model_args.model_type != family:
+        raise ValueError(f"--model_type {model_args.model_type} does not match the checkpoint, which gives {family}")
+    return family
+
+
+def model_class(family, task):
+    classes = FAMILY_CLASSES[family]
+    if task not in classes:
+        tasks = ", ".join(TASK_NAMES[t] for t in classes if t in TASK_NAMES)
+        raise ValueError(f"{family} has no model for {TASK_NAMES[task]}; it has: {tasks}")
+    return getattr(_package(), classes[task])
+
+
+def load_tokenizer(model_args):
+    source = model_args.tokenizer_name or model_args.model_name_or_path
+    if source is None:
+        raise ValueError("a new model (--model_type) needs --tokenizer_name: training a tokenizer is not part of "
+                         "these scripts")
+    return AutoTokenizer.from_pretrained(source, use_fast=model_args.use_fast_tokenizer, **model_args.hub_kwargs())
+
+
+def load_model(model_args, task, **config_kwargs):
+    """The model for `task` ("mlm", "clm", "seq-cls", "qa"): warm-started or continued from
+    --model_name_or_path, or new from --model_type / --config_name with --config_overrides.
+
+    `config_kwargs`: what the task sets in the config (num_labels, is_decoder, ...). Returns (model, family)."""
+    family = family_of(model_args)
+    cls = model_class(family, task)
+    config_class = getattr(_package(), FAMILY_CONFIGS[family])
+    if model_args.model_name_or_path is not None:
+        kwargs = {**parse_overrides(model_args.attention_overrides, config_class, "--attention_overrides"),
+                  **config_kwargs}
+        # Keywords of from_pretrained are set on the loaded config without its checks: run them here first.
+        fields = {f.name for f in dataclasses.fields(config_class)} - {"model_type", "architectures", "auto_map"}
+        saved = {k: v for k, v in checkpoint_config(model_args).items() if k in fields}
+        config_class(**{**saved, **kwargs})
+        if model_args.keep_heads_list is not None:
+            kwargs["keep_heads"] = model_args.keep_heads_list
+        model = cls.from_pretrained(model_args.model_name_or_path, **kwargs, **model_args.hub_kwargs())
+        return model, family
+    if model_args.config_name is not None:
+        config = AutoConfig.from_pretrained(model_args.config_name, **config_kwargs, **model_args.hub_kwargs())
+        if not isinstance(config, config_class):
+            raise ValueError(f"--config_name {model_args.config_name} is not a {family} config")
+    else:
+        overrides = parse_overrides(model_args.config_overrides, config_class, "--config_overrides")
+        config = config_class(**{**overrides, **config_kwargs})
+    logger.info("training a new %s model from scratch: %s", family, config.to_json_string(use_diff=True))
+    return cls(config), family
+
+
+def fit_vocabulary(model, tokenizer):
+    """A new model's embeddings must cover the tokenizer (upstream resizes them the same way)."""
+    size = model.get_input_embeddings().weight.shape[0]
+    if len(tokenizer) > size:
+        model.resize_token_embeddings(len(tokenizer))
+
+
+def load_raw_datasets(data_args, model_args, extension_map=None):
+    """A DatasetDict with "train" / "validation" (and "test" when the data has it) from the Hub or local files;
+    without a validation split, --validation_split_percentage of the training data is held out.
+
+    extension_map: file extension -> datasets builder (default: txt -> text, csv, tsv -> csv, json/jsonl -> json)."""
+    import datasets
+
+    hub = {k: v for k, v in model_args.hub_kwargs().items() if k != "revision"}
+    if data_args.dataset_name is not None:
+        raw = datasets.load_dataset(data_args.dataset_name, data_args.dataset_config_name, **hub)
+        if "validation" not in raw:
+            raw["validation"] = datasets.load_dataset(
+                data_args.dataset_name, data_args.dataset_config_name,
+                split=f"train[:{data_args.validation_split_percentage}%]", **hub)
+            raw["train"] = datasets.load_dataset(
+                data_args.dataset_name, data_args.dataset_config_name,
+                split=f"train[{data_args.validation_split_percentage}%:]", **hub)
+        return raw
+    extension_map = extension_map or {"txt": "text", "csv": "csv", "tsv": "csv", "json": "json", "jsonl": "json"}
+    files = {split: getattr(data_args, f"{split}_file", None) for split in ("train", "validation", "test")}
+    files = {split: path for split, path in files.items() if path is not None}
+    builders = set()
+    for split, path in files.items():
+        ext = path.rsplit(".", 1)[-1].lower()
+        if ext not in extension_map:
+            raise ValueError(f"--{split}_file {path}: unsupported file type .{ext}; use one of "
+                             f"{', '.join('.' + e for e in extension_map)}")
+        builders.add((extension_map[ext], ext == "tsv"))
+    if len(builders) > 1:
+        raise ValueError(f"the data files must be of one type; got {', '.join(files.values())}")
+    builder, tsv = builders.pop()
+    options = {"delimiter": "\t"} if tsv else {}
+    if builder == "text":
+        options["keep_linebreaks"] = True
+    raw = datasets.load_dataset(builder, data_files=files, cache_dir=model_args.cache_dir, **options)
+    if "validation" not in raw and "train" in raw:
+        pct = data_args.validation_split_percentage
+        raw["validation"] = datasets.load_dataset(builder, data_files=files, split=f"train[:{pct}%]",
+                                                  cache_dir=model_args.cache_dir, **options)
+        raw["train"] = datasets.load_dataset(builder, data_files=files, split=f"train[{pct}%:]",
+                                             cache_dir=model_args.cache_dir, **options)
+    return raw
+
+
+def require_columns(dataset, columns, where):
+    """Clear error for a dataset that lacks a column the task needs."""
+    missing = [c for c in columns if c not in dataset.column_names]
+    if missing:
+        raise ValueError(f"{where} has no column {', '.join(repr(c) for c in missing)}; its columns are "
+                         f"{', '.join(repr(c) for c in dataset.column_names)}")
+
+
+def take(dataset, limit):
+    return dataset if limit is None else dataset.select(range(min(limit, len(dataset))))
+
+
+def run_identity(script, model_args, data_args, **extra):
+    """What makes two runs the same run: resuming one with another's checkpoint would silently mix them."""
+    fields = ("model_name_or_path", "model_type", "config_overrides", "attention_overrides", "keep_heads",
+              "config_name")
+    data_fields = ("dataset_name", "dataset_config_name", "train_file", "validation_file")
+    identity = {"script": script, **{k: getattr(model_args, k) for k in fields},
+                **{k: getattr(data_args, k, None) for k in data_fields}, **extra}
+    for key in ("train_file", "validation_file"):
+        if identity[key] is not None:
+            identity[key] = os.path.abspath(identity[key])
+    return identity
+
+
+def prepare_output_dir(training_args, identity):
+    """Decide where training starts, before anything is written: returns the checkpoint to resume from or None.
+
+    - `--resume_from_checkpoint PATH` resumes from PATH;
+    - a folder with checkpoints of the same run (same `hf_mgk_run.json`) resumes from the last one;
+    - a folder holding another run, or files but no checkpoint, is refused unless `--overwrite_output_dir`,
+      which deletes its checkpoints and starts anew."""
+    out = training_args.output_dir
+    if training_args.resume_from_checkpoint is not None:
+        if not os.path.isdir(training_args.resume_from_checkpoint):
+            raise ValueError(f"--resume_from_checkpoint {training_args.resume_from_checkpoint} is not a folder")
+        return training_args.resume_from_checkpoint
+    if not training_args.do_train or not os.path.isdir(out) or not os.listdir(out):
+        return None
+    if training_args.overwrite_output_dir:
+        if training_args.process_index == 0:
+            for name in os.listdir(out):
+                if name.startswith("checkpoint-") and os.path.isdir(os.path.join(out, name)):
+                    shutil.rmtree(os.path.join(out, name))
+        return None
+    saved = read_run_identity(out)
+    if saved is not None and saved != identity:
+        changed = sorted(k for k in set(saved) | set(identity) if saved.get(k) != identity.get(k))
+        details = "; ".join(f"{k}: {saved.get(k)!r} there, {identity.get(k)!r} now" for k in changed)
+        raise ValueError(f"--output_dir {out} holds a different run ({details}). Use another --output_dir, or "
+                         "--overwrite_output_dir to replace that run")
+    last = get_last_checkpoint(out)
+    if last is None:
+        if saved is None:
+            raise ValueError(f"--output_dir {out} exists and is not empty, and holds no checkpoint of this run. Use "
+                             "another --output_dir, or --overwrite_output_dir to train into it anyway")
+        return None  # the same run finished (or stopped before its first checkpoint): train again from the start
+    logger.info("resuming from %s (pass --overwrite_output_dir to start anew)", last)
+    return last
+
+
+def read_run_identity(folder):
+    path = os.path.join(folder, RUN_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)["identity"]
+
+
+def write_run_info(training_args, identity, **info):
+    """`hf_mgk_run.json`: the run's identity (checked on resume) and facts the model card uses."""
+    if training_args.process_index != 0:
+        return
+    os.makedirs(training_args.output_dir, exist_ok=True)
+    import torch
+
+    path = os.path.join(training_args.output_dir, RUN_FILE)
+    previous = {}
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            previous = json.load(f)
+    record = {**previous, "identity": identity, **info, "hf_mgk_version": _package().__version__,
+              "transformers_version": transformers.__version__, "torch_version": torch.__version__}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=2, sort_keys=True)
+
+
+def train_and_save(trainer, checkpoint, n_train):
+    """Train (resuming from `checkpoint`), save the model and tokenizer, write train_results.json."""
+    result = trainer.train(resume_from_checkpoint=checkpoint)
+    trainer.save_model()
+    metrics = {**result.metrics, "train_samples": n_train}
+    trainer.log_metrics("train", metrics)
+    trainer.save_metrics("train", metrics)
+    trainer.save_state()
+    return metrics
+
+
+def evaluate_and_save(trainer, dataset, n_samples, prefix="eval", **extra):
+    """Evaluate, add `<prefix>_samples` (and any `extra` metrics, prefixed), write <prefix>_results.json."""
+    metrics = trainer.evaluate(eval_dataset=dataset, metric_key_prefix=prefix)
+    metrics[f"{prefix}_samples"] = n_samples
+    metrics.update({f"{prefix}_{k}": v for k, v in extra.items()})
+    trainer.log_metrics(prefix, metrics)
+    trainer.save_metrics(prefix, metrics)
+    return metrics
