@@ -9,6 +9,7 @@ Imports: torch, transformers and siblings only (remote code).
 
 import dataclasses
 import math
+import re
 
 import torch
 from torch import nn
@@ -38,6 +39,7 @@ from .modeling_common import (
     wants_attentions,
 )
 from .modeling_heads import CausalLMHeadMixin
+from .modeling_warm_start import head_index, hub_kwargs, report_kept_heads, resolve_keep_heads, single_device
 
 
 class FiSHGPT2Attention(nn.Module):
@@ -156,76 +158,79 @@ class FiSHGPT2PreTrainedModel(AutoMapMixin, PreTrainedModel):
                 init.constant_(module.noise_std, float(self.config.fish_noise_init))
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, keep_heads=None, **kwargs):
         """As HF's, plus: a stock GPT-2 checkpoint (model_type "gpt2") is converted when FiSH heads are asked for.
 
         Its embeddings, MLPs, norms, values and output projections are copied; the global Q/K heads are its first
-        M query/key heads. Config fields (attention_type=..., num_global_heads=...) may be passed as keywords;
-        `dtype` is honoured, `device_map` only as a single device."""
-        config_dict, _ = PreTrainedConfig.get_config_dict(pretrained_model_name_or_path,
-                                                          **_hub_kwargs(kwargs))
+        M query/key heads, or the heads listed in `keep_heads` (one list for every layer, or one list per layer;
+        M = num_global_heads, or the lists' length when that is not given). Which heads became global is logged
+        and, with output_loading_info=True, returned as loading_info["kept_heads"] (one list per layer). Config
+        fields (attention_type=..., num_global_heads=...) may be passed as keywords; `dtype` is honoured,
+        `device_map` only as a single device."""
+        config_dict, _ = PreTrainedConfig.get_config_dict(pretrained_model_name_or_path, **hub_kwargs(kwargs))
         if config_dict.get("model_type") != "gpt2" or kwargs.get("attention_type", "fish") == "softmax":
+            if keep_heads is not None:
+                raise ValueError(
+                    "keep_heads chooses which query/key heads of a stock GPT-2 checkpoint become FiSH's global heads; "
+                    "it applies only when converting one (model_type 'gpt2', attention_type other than 'softmax')"
+                )
             return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
-        return _from_stock_gpt2(cls, pretrained_model_name_or_path, config_dict, kwargs)
-
-
-def _hub_kwargs(kwargs):
-    keys = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder")
-    return {k: kwargs[k] for k in keys if k in kwargs}
+        return _from_stock_gpt2(cls, pretrained_model_name_or_path, config_dict, kwargs, keep_heads)
 
 
 # Our fields that GPT2Config lacks: the rest of the keywords go to the stock class's own from_pretrained.
 _FISH_FIELDS = ("attention_type", "num_global_heads", "head_dim", "fish_noise_init")
+_C_ATTN = re.compile(r"(?:^|\.)h\.(\d+)\.attn\.c_attn\.(weight|bias)$")
 
 
-def _single_device(device_map):
-    """The one device `device_map` names, or None; the converted model is built whole, so no splitting."""
-    if device_map is None:
-        return None
-    one = device_map.get("") if isinstance(device_map, dict) and list(device_map) == [""] else device_map
-    try:
-        return torch.device(one)
-    except (RuntimeError, TypeError):
-        raise ValueError(
-            f"device_map={device_map!r} is not supported when converting a stock GPT-2 checkpoint: give one device "
-            "(device_map='cpu', 'cuda:0', ...), or convert, save_pretrained, and load the saved folder with it"
-        ) from None
-
-
-def _from_stock_gpt2(cls, path, config_dict, kwargs):
+def _from_stock_gpt2(cls, path, config_dict, kwargs, keep_heads=None):
     """Load the checkpoint with the stock class of the same head (so HF drops, keeps or initialises head weights
     exactly as it does between stock GPT-2 heads), then copy its weights into `cls`."""
     import transformers
 
     fish_kwargs = {k: kwargs[k] for k in _FISH_FIELDS if k in kwargs}
     stock_kwargs = {k: v for k, v in kwargs.items() if k not in _FISH_FIELDS}
-    device = _single_device(stock_kwargs.pop("device_map", None))
-    stock = getattr(transformers, cls._stock_gpt2_class).from_pretrained(path, **stock_kwargs)
+    device = single_device(stock_kwargs.pop("device_map", None))
+    output_loading_info = stock_kwargs.pop("output_loading_info", False)
+    n_head, d = config_dict.get("n_head", 12), config_dict.get("n_embd", 768)  # the checkpoint's (GPT-2 defaults)
+    kept = None
+    if keep_heads is not None:  # checked before the weights are read
+        kept = resolve_keep_heads(keep_heads, config_dict.get("n_layer", 12), n_head,
+                                  fish_kwargs.get("num_global_heads"), "num_global_heads")
+        fish_kwargs.setdefault("num_global_heads", len(kept[0]))
+    stock, info = getattr(transformers, cls._stock_gpt2_class).from_pretrained(path, output_loading_info=True,
+                                                                                **stock_kwargs)
     keep = {f.name for f in dataclasses.fields(FiSHGPT2Config)} - {"model_type", "architectures", "auto_map"}
     base = {k: v for k, v in stock.config.to_dict().items() if k in keep}
     config = FiSHGPT2Config(**{**base, **fish_kwargs})
-    n_head, d = config_dict.get("n_head", 12), config_dict.get("n_embd", 768)  # the checkpoint's (GPT-2 defaults)
     stock_dim = d // n_head
     if config.attention_head_size != stock_dim or config.n_head != n_head or config.n_embd != d:
         raise ValueError(
             f"cannot convert a GPT-2 checkpoint with {n_head} heads of size {stock_dim} into "
             f"n_head={config.n_head}, head_dim={config.attention_head_size}: keep the checkpoint's heads and size"
         )
+    if kept is None:
+        kept = resolve_keep_heads(None, config.n_layer, n_head, config.num_global_heads, "num_global_heads")
     model = cls._from_config(config, dtype=stock.dtype)  # stock.dtype: the `dtype` asked for, or "auto"'s
-    md = config.num_global_heads * stock_dim
     state = {}
     for name, tensor in stock.state_dict().items():
-        if name.endswith("attn.c_attn.weight"):  # Conv1D: (in, out), out = [Q | K | V]
-            tensor = torch.cat([tensor[:, :md], tensor[:, d:d + md], tensor[:, 2 * d:]], dim=1)
-        elif name.endswith("attn.c_attn.bias"):
-            tensor = torch.cat([tensor[:md], tensor[d:d + md], tensor[2 * d:]])
+        match = _C_ATTN.search(name)
+        if match:  # Conv1D: (in, out), out = [Q | K | V]; keep the chosen heads' Q and K, every V
+            qk = head_index(kept[int(match.group(1))], stock_dim, tensor.device)
+            tensor = torch.cat([tensor[..., qk], tensor[..., d + qk], tensor[..., 2 * d:]], dim=-1)
         state[name] = tensor
     missing, unexpected = model.load_state_dict(state, strict=False)
     new_only = (".attn.mixing", ".attn.noise_std")  # FiSH's own parameters, which keep their initialisation
     if unexpected or any(not any(s in k for s in new_only) for k in missing):
         raise RuntimeError(f"GPT-2 conversion left unexpected {unexpected} / missing {missing} weights")
     model.tie_weights()
-    return (model if device is None else model.to(device)).eval()
+    report_kept_heads(cls.__name__, path, kept, n_head, "as the global query/key heads (every value head kept)")
+    model = (model if device is None else model.to(device)).eval()
+    if not output_loading_info:
+        return model
+    # As HF reports it: FiSH's own parameters are not in the checkpoint.
+    info = dict(info, missing_keys=set(info["missing_keys"]) | set(missing), kept_heads=kept)
+    return model, info
 
 
 class FiSHGPT2Model(FiSHGPT2PreTrainedModel):

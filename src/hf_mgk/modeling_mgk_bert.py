@@ -38,6 +38,7 @@ from .modeling_heads import (
     SequenceClassificationHeadMixin,
     TokenClassificationHeadMixin,
 )
+from .modeling_warm_start import ENCODER_HEAD_TENSORS, HeadSelectionMixin
 
 
 class MGKBertSelfAttention(nn.Module):
@@ -129,10 +130,20 @@ class MGKBertSelfAttention(nn.Module):
         return out, weights
 
 
-class MGKBertPreTrainedModel(AutoMapMixin, PreTrainedModel):
+class MGKBertPreTrainedModel(HeadSelectionMixin, AutoMapMixin, PreTrainedModel):
+    """`from_pretrained` also takes a stock BERT folder, and fewer heads than it has: `num_attention_heads=H'`
+    keeps its first H' heads, `keep_heads=[...]` (one list, or one list per layer) the listed ones (see
+    `HeadSelectionMixin`); MGK's extra keys then start from the kept heads' keys."""
+
     config_class = MGKBertConfig
     config: MGKBertConfig
     base_model_prefix = "bert"
+    _stock_model_type = "bert"
+    _head_tensors = {  # MGK's per-head weights, besides the encoder's, sliced when heads are selected
+        **ENCODER_HEAD_TENSORS,
+        r"attention\.self\.extra_keys\.\d+\.(weight|bias)": (0, True),
+        r"attention\.self\.(key_shift|prior_logits|prior)": (0, False),
+    }
     supports_gradient_checkpointing = True
     _supports_sdpa = True  # accepted so `attn_implementation="sdpa"` does not fail; `attention_type` decides
     _no_split_modules = ["BertEmbeddings", "EncoderLayer"]

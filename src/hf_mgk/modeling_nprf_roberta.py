@@ -35,6 +35,7 @@ from .modeling_heads import (
     QuestionAnsweringHeadMixin,
     SequenceClassificationHeadMixin,
 )
+from .modeling_warm_start import ENCODER_HEAD_TENSORS, HeadSelectionMixin
 
 
 def feature_generator(config, layer_idx, draw):
@@ -187,10 +188,17 @@ class NPRFRobertaSelfAttention(nn.Module):
         return out, weights
 
 
-class NPRFRobertaPreTrainedModel(AutoMapMixin, PreTrainedModel):
+class NPRFRobertaPreTrainedModel(HeadSelectionMixin, AutoMapMixin, PreTrainedModel):
+    """`from_pretrained` also takes a stock RoBERTa folder, and fewer heads than it has: `num_attention_heads=H'`
+    keeps its first H' heads, `keep_heads=[...]` (one list, or one list per layer) the listed ones (see
+    `HeadSelectionMixin`). The relative-position table is shared by all layers: a saved NPRF checkpoint's table
+    needs one list of heads for every layer."""
+
     config_class = NPRFRobertaConfig
     config: NPRFRobertaConfig
     base_model_prefix = "roberta"
+    _stock_model_type = "roberta"
+    _head_tensors = {**ENCODER_HEAD_TENSORS, r"relative_position\.weight": (0, False)}
     supports_gradient_checkpointing = True
     _supports_sdpa = True  # accepted so `attn_implementation="sdpa"` does not fail; `attention_type` decides
     _no_split_modules = ["NPRFRobertaEmbeddings", "EncoderLayer"]
