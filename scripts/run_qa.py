@@ -72,19 +72,6 @@ class DataTrainingArguments(training.DataArguments):
                              f"--max_seq_length {self.max_seq_length}")
 
 
-def _dataset_label(data_args):
-    if data_args.dataset_name is not None:
-        return "/".join(n for n in (data_args.dataset_name, data_args.dataset_config_name) if n)
-    files = (data_args.train_file, data_args.validation_file, data_args.test_file)
-    return ", ".join(os.path.basename(f) for f in files if f is not None)
-
-
-def _base_model(model_args):
-    config = training.checkpoint_config(model_args) if model_args.model_name_or_path else None
-    stock = config is not None and config.get("model_type") in training.STOCK_FAMILY
-    return model_args.model_name_or_path if stock else None
-
-
 def load_examples(data_args, model_args, training_args):
     """{"train", "validation", "test"} examples the run needs, in the flat layout, checked."""
     wanted = {"train": training_args.do_train, "validation": training_args.do_eval, "test": training_args.do_predict}
@@ -132,20 +119,18 @@ def main(argv=None):
 
     tokenizer = training.load_tokenizer(model_args)
     qa.require_fast_tokenizer(tokenizer)
-    max_seq_length = data_args.max_seq_length
-    if max_seq_length > tokenizer.model_max_length:
-        logger.warning("--max_seq_length %d is more than the tokenizer's model_max_length %d; using %d",
-                       max_seq_length, tokenizer.model_max_length, tokenizer.model_max_length)
-        max_seq_length = tokenizer.model_max_length
     if tokenizer.padding_side != "right" and not data_args.pad_to_max_length:
         # Batches padded on the left would shift every feature's logits against its offset mapping.
         raise ValueError("a tokenizer that pads on the left needs --pad_to_max_length (the default)")
-    model, family = training.load_model(model_args, "qa")
-    if model_args.model_name_or_path is None:
-        training.fit_vocabulary(model, tokenizer)
-
-    training.write_run_info(training_args, identity, task="question-answering", dataset=_dataset_label(data_args),
-                            base_model=_base_model(model_args), family=family)
+    model, family = training.load_model(model_args, "qa", **training.new_model_kwargs(model_args, tokenizer))
+    training.fit_vocabulary(model, tokenizer)
+    max_seq_length = data_args.max_seq_length
+    if max_seq_length > tokenizer.model_max_length:  # as upstream
+        logger.warning("--max_seq_length %d is more than the tokenizer's model_max_length %d; using %d",
+                       max_seq_length, tokenizer.model_max_length, tokenizer.model_max_length)
+        max_seq_length = tokenizer.model_max_length
+    # A length beyond the model's position table is an error now rather than at the first batch.
+    max_seq_length = training.sequence_length(max_seq_length, "--max_seq_length", tokenizer, model.config)
 
     maker = qa.FeatureMaker(tokenizer, max_seq_length, data_args.doc_stride, data_args.pad_to_max_length)
 
@@ -195,6 +180,10 @@ def main(argv=None):
 
     results = {}
     if training_args.do_train:
+        # Only a training run owns --output_dir (evaluating into a model's folder must not rewrite its identity).
+        training.write_run_info(training_args, identity, task="question-answering",
+                                dataset=training.dataset_label(data_args), base_model=training.base_model(model_args),
+                                family=family)
         results.update(training.train_and_save(trainer, checkpoint, len(train_dataset)))
     if training_args.do_eval:
         logger.info("*** Evaluate ***")
@@ -206,6 +195,7 @@ def main(argv=None):
         trainer.log_metrics("predict", metrics)
         trainer.save_metrics("predict", metrics)
         results.update(metrics)
+    training.close_distributed()
     return results
 
 

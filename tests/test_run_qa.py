@@ -134,6 +134,26 @@ def gold_answers(path):
     return {r["id"]: r["answers"]["text"] for r in qa.squad_rows(json.load(open(path))["data"], path)}
 
 
+def test_local_file_layouts_load_the_same_rows(tmp_path):
+    import csv
+
+    rows = flat_rows(version_2=True)
+    assert len(rows) == len(QUESTIONS) + len(UNANSWERABLE)
+    # SQuAD v2.0: is_impossible -> no answers (the plausible answers are not answers).
+    assert sum(not r["answers"]["text"] for r in rows) == len(UNANSWERABLE)
+    assert all(r["context"][s:s + len(t)] == t for r in rows for t, s in zip(*r["answers"].values()))
+    paths = [write_json(tmp_path / "squad.json", squad_json(version_2=True)),
+             write_json(tmp_path / "flat.json", {"data": rows}), write_json(tmp_path / "list.json", rows)]
+    (tmp_path / "flat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with open(tmp_path / "flat.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["id", "title", "context", "question", "answers"])
+        writer.writeheader()
+        writer.writerows({**r, "answers": json.dumps(r["answers"])} for r in rows)
+    paths += [str(tmp_path / "flat.jsonl"), str(tmp_path / "flat.csv")]
+    for path in paths:
+        assert qa.load_file(path).to_list() == rows, path
+
+
 # ------------------------------------------------------------------------------------------ post-processing
 
 def _features(example_ids, offsets, cls_index=None):
@@ -466,3 +486,11 @@ def test_fish_gpt2_has_no_qa_head(tmp_path):
     with pytest.raises(ValueError, match="fish-gpt2 has no model for extractive question answering"):
         run_qa.main(_common(tmp_path / "out", overrides="n_embd=32,n_layer=2,n_head=4", model_type="fish-gpt2")
                     + ["--do_eval", "--validation_file", squad])
+
+
+def test_sequence_longer_than_the_model_positions_is_refused(tmp_path):
+    squad = write_json(tmp_path / "train.json", squad_json())
+    args = _common(tmp_path / "out") + ["--do_eval", "--validation_file", squad]
+    args[args.index("--max_seq_length") + 1] = "384"  # upstream's default; the tiny model has 128 positions
+    with pytest.raises(ValueError, match="--max_seq_length 384 is longer than the model's positions"):
+        run_qa.main(args)
