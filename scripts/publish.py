@@ -11,14 +11,12 @@ tags that commit with --revision_tag. --dry_run lists the files the upload would
 
 import argparse
 import os
-import sys
 
 from hf_mgk import hub
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[-1], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[-1])
     parser.add_argument("--run_dir", required=True, help=(
         "The --output_dir of a finished training run (or one of its checkpoint-* folders): the saved model, "
         "tokenizer, *_results.json and hf_mgk_run.json."))
@@ -29,11 +27,11 @@ def parse_args(argv=None):
         "Replace a non-empty --output_dir that holds another run's export or other files: all of its old files "
         "are removed."))
     parser.add_argument("--hub_model_id", default=None, help=(
-        "The model repo, 'user/name' or 'org/name': written in the card's loading snippet, and where "
-        "--push_to_hub uploads (required with --push_to_hub)."))
+        "The model repo, 'user/name' or 'org/name': written in the card's loading snippet (ORG/NAME without it), "
+        "and where --push_to_hub uploads (required with --push_to_hub)."))
     parser.add_argument("--revision_tag", default=hub.DEFAULT_REVISION, help=(
         "The git tag put on the upload's commit; the card's snippet pins revision=<this tag>, so users get "
-        "exactly this upload. Refused if the repo already has the tag."))
+        "exactly this upload. Refused if the repo already has the tag. Default: %(default)s."))
     parser.add_argument("--push_to_hub", action="store_true", help=(
         "Upload the folder to --hub_model_id (created if missing) with huggingface_hub, then tag the commit."))
     parser.add_argument("--private", action="store_true", help="Create the repo as private (if it does not exist).")
@@ -43,8 +41,8 @@ def parse_args(argv=None):
         "Write the folder and print exactly the files the upload would send, with their sizes; upload nothing "
         "and contact no server."))
     parser.add_argument("--check_remote_code", dest="check_remote_code", action="store_true", default=True, help=(
-        "Load the written folder through its Auto class with trust_remote_code=True in a virtualenv without "
-        "hf_mgk, and require its outputs on a sample to equal the run's model."))
+        "On by default: load the written folder through its Auto class with trust_remote_code=True in a "
+        "virtualenv without hf_mgk, and require its outputs on a sample to equal the run's model's."))
     parser.add_argument("--no_check_remote_code", dest="check_remote_code", action="store_false",
                         help="Skip that check (faster).")
     args = parser.parse_args(argv)
@@ -64,6 +62,9 @@ def main(argv=None):
                                 overwrite=args.overwrite, check=args.check_remote_code)
     except (ValueError, FileExistsError) as err:
         raise SystemExit(f"publish.py: {err}") from None
+    except (AssertionError, RuntimeError) as err:  # the remote-code check failed or could not run
+        raise SystemExit(f"publish.py: the check of the exported folder failed, so {folder} was left as it was "
+                         f"(--no_check_remote_code skips the check): {err}") from None
     print(f"wrote {folder}: {export['model_class']} ({export['pipeline_tag']}), card pinned to "
           f"revision={args.revision_tag!r}")
     if export["checked"]:

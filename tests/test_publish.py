@@ -197,8 +197,9 @@ def test_each_family_card_warm_start_and_hub_dataset(tmp_path, family, cls, conf
                "eval_accuracy": 0.25, "eval_accuracy_mm": 0.375, "eval_exact": 50.0, "eval_total": 10,
                "eval_best_f1_thresh": 0.1, "train_loss": 3.0, "train_samples": 40}
     folder = str(tmp_path / "hub")
-    summary = hub.export_run(make_run(tmp_path, model, info, metrics), folder, repo_id="me/m", check=False)
-    assert summary["pipeline_tag"] == pipeline
+    # With the check: the family's head loads through its Auto class in the virtualenv without hf_mgk.
+    summary = hub.export_run(make_run(tmp_path, model, info, metrics), folder, repo_id="me/m", check=True)
+    assert summary["pipeline_tag"] == pipeline and summary["checked"]
     card = ModelCard.load(os.path.join(folder, "README.md"))
     assert card.data.pipeline_tag == pipeline and family in card.data.tags
     assert card.data.base_model == "bert-base-uncased" and card.data.datasets == ["wikitext"]
@@ -256,8 +257,9 @@ def test_a_failed_check_leaves_the_folder_as_it_was(run_dir, tmp_path, monkeypat
     before = {name: (folder / name).read_bytes() for name in files(folder)}
     first_output = hub._first_output
     monkeypatch.setattr(hub, "_first_output", lambda out: first_output(out) + 1e-3)  # a reference it cannot match
-    with pytest.raises(AssertionError, match="remote-code outputs differ"):
-        hub.export_run(run_dir, folder, revision="v2", check=True)
+    with pytest.raises(SystemExit, match=f"check of the exported folder failed, so {folder} was left as it was.*"
+                                         "remote-code outputs differ"):
+        publish.main(["--run_dir", run_dir, "--output_dir", str(folder), "--revision_tag", "v2"])
     assert {name: (folder / name).read_bytes() for name in files(folder)} == before
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".hf_mgk-export-")]  # no temporary folder left
 

@@ -266,8 +266,10 @@ def _summary(model, run):
                   else f"warm-started from the checkpoint `{os.path.basename(os.path.normpath(base))}`")
     elif start:
         origin = f"continued from the hf-mgk checkpoint `{os.path.basename(os.path.normpath(start))}`"
-    else:
+    elif identity:
         origin = "trained from scratch"
+    else:  # no hf_mgk_run.json: nothing is known of how it was trained
+        origin = "from a training run"
     data = _dataset_name(run)
     versions = ", ".join(f"{name} {run[key]}" for name, key in (
         ("hf-mgk", "hf_mgk_version"), ("transformers", "transformers_version"), ("torch", "torch_version"))
@@ -280,8 +282,8 @@ def _summary(model, run):
 def _results_section(run):
     if run is None:
         return "No training run was recorded with this folder."
-    metrics = card_metrics(run.get("results") or {})
     results = run.get("results") or {}
+    metrics = card_metrics(results)
     facts = [f"{label}: {results[key]:g}" for label, key in (("training examples", "train_samples"),
                                                              ("epochs", "epoch"), ("final training loss",
                                                                                    "train_loss"))
@@ -451,8 +453,7 @@ def upload_plan(folder):
     """[(path in the repo, size in bytes)] of every file `push_folder` uploads: all files under `folder` but the
     export marker, sorted. The dry run prints this very list."""
     plan = []
-    for root, dirs, files in os.walk(folder):
-        dirs.sort()
+    for root, _, files in os.walk(folder):
         for name in files:
             path = os.path.join(root, name)
             rel = os.path.relpath(path, folder).replace(os.sep, "/")
@@ -526,7 +527,9 @@ def clean_python():
         return python
     tmp = tempfile.mkdtemp(prefix=os.path.basename(root) + ".", dir=os.path.dirname(root))
     try:
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", tmp], check=True, capture_output=True)
+        made = subprocess.run([sys.executable, "-m", "venv", "--without-pip", tmp], capture_output=True, text=True)
+        if made.returncode != 0:
+            raise RuntimeError(f"could not create a virtualenv with `{sys.executable} -m venv`:\n{made.stderr[-2000:]}")
         ask = [os.path.join(tmp, bindir, "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
         target = subprocess.run(ask, check=True, capture_output=True, text=True).stdout.strip()
         for path, name in entries:
