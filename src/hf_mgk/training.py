@@ -12,8 +12,11 @@ typo is an error, not a silently ignored attribute), and `--attention_overrides`
 attention of a warm start."""
 
 import dataclasses
+import functools
+import itertools
 import json
 import logging
+import math
 import os
 import shutil
 import sys
@@ -457,11 +460,183 @@ def train_and_save(trainer, checkpoint, n_train):
     return metrics
 
 
-def evaluate_and_save(trainer, dataset, n_samples, prefix="eval", **extra):
-    """Evaluate, add `<prefix>_samples` (and any `extra` metrics, prefixed), write <prefix>_results.json."""
+def evaluate_and_save(trainer, dataset, n_samples, prefix="eval", with_perplexity=False, **extra):
+    """Evaluate, add `<prefix>_samples` (and any `extra` metrics, prefixed), write <prefix>_results.json.
+
+    with_perplexity: add "perplexity" = exp(<prefix>_loss) (inf on overflow), upstream's key for language models."""
     metrics = trainer.evaluate(eval_dataset=dataset, metric_key_prefix=prefix)
     metrics[f"{prefix}_samples"] = n_samples
+    if with_perplexity:
+        metrics["perplexity"] = perplexity(metrics[f"{prefix}_loss"])
     metrics.update({f"{prefix}_{k}": v for k, v in extra.items()})
     trainer.log_metrics(prefix, metrics)
     trainer.save_metrics(prefix, metrics)
     return metrics
+
+
+def close_distributed():
+    """End of a script under torchrun: tear the process group down before the interpreter exits (left to its
+    shutdown, gloo's threads sometimes abort a rank after the work is done)."""
+    import torch
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
+def dataset_label(data_args):
+    """What the model card names as the data: the Hub dataset (and configuration), or the local file names."""
+    if data_args.dataset_name is not None:
+        return "/".join(n for n in (data_args.dataset_name, data_args.dataset_config_name) if n)
+    files = (getattr(data_args, f"{split}_file", None) for split in ("train", "validation", "test"))
+    return ", ".join(os.path.basename(path) for path in files if path)
+
+
+def base_model(model_args):
+    """The Hub checkpoint a run started from, for the model card; None for a local folder or a new model."""
+    path = model_args.model_name_or_path
+    return path if path is not None and not os.path.isdir(path) else None
+
+
+# Language modelling: what run_mlm.py and run_clm.py share.
+
+
+def new_model_kwargs(model_args, tokenizer):
+    """A model from scratch takes the tokenizer's padding id unless --config_overrides sets one: a config's default
+    belongs to its own family's tokenizer (NPRF-RoBERTa counts positions from its pad id, BERT's [PAD] is 0)."""
+    if model_args.model_type is None or model_args.model_name_or_path or model_args.config_name:
+        return {}
+    config_class = getattr(_package(), FAMILY_CONFIGS[model_args.model_type])
+    if tokenizer.pad_token_id is None or "pad_token_id" in parse_overrides(
+            model_args.config_overrides, config_class, "--config_overrides"):
+        return {}
+    return {"pad_token_id": tokenizer.pad_token_id}
+
+
+def position_limit(config):
+    """(the longest input the model's absolute position table takes, why); (None, why) without such a table."""
+    if getattr(config, "use_absolute_positions", True) is False:
+        return None, "use_absolute_positions=False"
+    if config.model_type == "nprf-roberta":  # fairseq positions start after the padding index
+        offset = config.pad_token_id + 1
+        return (config.max_position_embeddings - offset,
+                f"max_position_embeddings={config.max_position_embeddings} minus RoBERTa's padding offset {offset}")
+    name = "n_positions" if hasattr(config, "n_positions") else "max_position_embeddings"
+    return getattr(config, name), f"{name}={getattr(config, name)}"
+
+
+def sequence_length(requested, option, tokenizer, config):
+    """`option` (--max_seq_length / --block_size) checked against the model's positions before any training.
+
+    Not given: as upstream, the tokenizer's model_max_length capped at 1024, and here also at the model's limit.
+    Given beyond the tokenizer's model_max_length: kept (with a warning) when the model takes it; upstream
+    clamps to the tokenizer, which would cut NPRF-RoBERTa without absolute positions to 512."""
+    limit, why = position_limit(config)
+    if requested is None:
+        length = min(1024, tokenizer.model_max_length, limit if limit is not None else 1024)
+        if length < tokenizer.model_max_length:
+            logger.warning("%s not given: using %d, the smallest of 1024, the tokenizer's model_max_length (%d) and "
+                           "the model's limit (%s); pass %s to choose", option, length, tokenizer.model_max_length,
+                           why if limit is None else f"{limit}: {why}", option)
+        return length
+    if limit is not None and requested > limit:
+        raise ValueError(f"{option} {requested} is longer than the model's positions allow: at most {limit} "
+                         f"({why}). Give {option} <= {limit}")
+    if requested > tokenizer.model_max_length:
+        logger.warning("%s %d is beyond the tokenizer's model_max_length (%d); using it, the model takes it (%s)",
+                       option, requested, tokenizer.model_max_length, why)
+    return requested
+
+
+def group_texts(examples, block_size, keep_short=False, labels=False):
+    """Concatenate a batch of tokenized texts and cut it into blocks of `block_size` tokens, dropping the remainder
+    (upstream). keep_short: a batch shorter than one block stays one short block (upstream run_mlm.py). labels: a
+    copy of the ids (a causal LM shifts them inside the model)."""
+    joined = {k: list(itertools.chain.from_iterable(v)) for k, v in examples.items()}
+    total = len(joined["input_ids"])
+    if total >= block_size or not keep_short:
+        total -= total % block_size
+    blocks = {k: [v[i:i + block_size] for i in range(0, total, block_size)] for k, v in joined.items()}
+    if labels:
+        blocks["labels"] = [list(ids) for ids in blocks["input_ids"]]
+    return blocks
+
+
+def needed_splits(raw, training_args):
+    """The splits a run uses, "train" with --do_train and "validation" with --do_eval; a missing one is an error."""
+    import datasets
+
+    needed = {"train": training_args.do_train, "validation": training_args.do_eval}
+    for split in (s for s, wanted in needed.items() if wanted and s not in raw):
+        option = "--do_train" if split == "train" else "--do_eval"
+        raise ValueError(f"{option} needs {split} data (--dataset_name, or --{split}_file)")
+    return datasets.DatasetDict({s: raw[s] for s, wanted in needed.items() if wanted})
+
+def text_column(dataset):
+    """The column of the texts, as upstream: "text", else the first one."""
+    return "text" if "text" in dataset.column_names else dataset.column_names[0]
+
+
+def map_splits(raw, function, data_args, training_args, desc, remove_columns=True):
+    """`function` (batched) over every split, the main process first (its cache then serves the others)."""
+    import datasets
+
+    with training_args.main_process_first(desc=desc):
+        return datasets.DatasetDict({
+            split: ds.map(function, batched=True, num_proc=data_args.preprocessing_num_workers,
+                          remove_columns=ds.column_names if remove_columns else None,
+                          load_from_cache_file=not data_args.overwrite_cache, desc=f"{desc} ({split})")
+            for split, ds in raw.items()})
+
+
+def tokenize_into_blocks(raw, tokenizer, block_size, option, data_args, training_args, keep_short=False,
+                         labels=False, **tokenizer_kwargs):
+    """Tokenize every text of each split, then group the tokens into blocks (see `group_texts`). A split that gives
+    no block is an error naming its number of tokens (upstream silently trains or evaluates on nothing)."""
+    column = text_column(next(iter(raw.values())))
+
+    def tokenize(batch):
+        return tokenizer(batch[column], **tokenizer_kwargs)
+
+    tokenized = map_splits(raw, tokenize, data_args, training_args, "tokenizing")
+    blocks = map_splits(tokenized, functools.partial(group_texts, block_size=block_size, keep_short=keep_short,
+                                                     labels=labels),
+                        data_args, training_args, f"grouping into blocks of {block_size}", remove_columns=False)
+    for split, ds in blocks.items():
+        if len(ds) == 0:
+            n_tokens = sum(map(len, tokenized[split]["input_ids"]))
+            raise ValueError(f"the {split} text has {n_tokens} tokens, not enough for one block of {block_size} "
+                             f"tokens ({option} {block_size}): give more text or a smaller {option}")
+    return blocks
+
+
+def predicted_ids(logits, labels):
+    """preprocess_logits_for_metrics: keep the argmax per position, not (batch, length, vocabulary) logits for the
+    whole evaluation set."""
+    if isinstance(logits, tuple):  # extra outputs (the cache, hidden states) come after the logits
+        logits = logits[0]
+    return logits.argmax(dim=-1)
+
+
+def token_accuracy(shift=0):
+    """compute_metrics of a language model: accuracy over the scored tokens (labels != -100). shift=1 for a causal
+    LM, whose prediction at position t is of the token at t + 1."""
+    from .metrics import load_metric
+
+    metric = load_metric("accuracy")
+
+    def compute(eval_pred):
+        preds, labels = eval_pred
+        if shift:
+            preds, labels = preds[:, :-shift], labels[:, shift:]
+        scored = labels != -100
+        return metric.compute(predictions=preds[scored], references=labels[scored])
+
+    return compute
+
+
+def perplexity(loss):
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return float("inf")

@@ -1,0 +1,101 @@
+#!/usr/bin/env python
+"""Causal language modelling with FiSH-GPT2, or NPRF-RoBERTa as a decoder: pre-train from scratch, warm-start from
+a stock GPT-2 / RoBERTa checkpoint, or continue an hf-mgk one. Modelled on transformers'
+examples/pytorch/language-modeling/run_clm.py: the texts are tokenized, concatenated and cut into blocks of
+--block_size tokens (the remainder dropped), each block its own labels (the model shifts them), and evaluation
+reports the loss, "perplexity" = exp(eval_loss) and "eval_accuracy" of the next-token predictions.
+
+NPRF-RoBERTa is built with `is_decoder=True` (causal attention), also when the checkpoint it starts from was
+trained bidirectionally. Text that gives no block (fewer tokens than --block_size) is an error, where upstream
+would train on nothing.
+
+    python scripts/run_clm.py --model_name_or_path gpt2 --attention_overrides attention_type=fish,num_global_heads=4 \\
+        --dataset_name wikitext --dataset_config_name wikitext-103-raw-v1 --do_train --do_eval \\
+        --output_dir outputs/fish-gpt2-clm
+"""
+
+import logging
+from dataclasses import dataclass, field
+from typing import Optional
+
+from transformers import Trainer, default_data_collator, set_seed
+
+from hf_mgk import training
+
+logger = logging.getLogger("run_clm")
+
+
+@dataclass
+class DataTrainingArguments(training.DataArguments):
+    """The data options of run_clm.py (files: .txt, one text per line, or .csv / .json with a "text" column, else
+    the first column is taken)."""
+
+    block_size: Optional[int] = field(default=None, metadata={"help": (
+        "Tokens per training block: the texts are concatenated and cut into blocks of this length. Default: the "
+        "tokenizer's model_max_length, at most 1024 and at most what the model's position table takes. Longer "
+        "than the model's positions is an error, and so is text shorter than one block.")})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.block_size is not None and self.block_size < 2:
+            raise ValueError(f"--block_size must be >= 2 (a token and the next one); got {self.block_size}")
+
+
+def decoder_kwargs(model_args, family):
+    """NPRF-RoBERTa predicts the next token only with causal attention: is_decoder=True."""
+    if family != "nprf-roberta":
+        return {}
+    saved = training.checkpoint_config(model_args)
+    if saved is not None and not saved.get("is_decoder", False):
+        logger.warning("%s was trained bidirectionally (is_decoder=False); it is trained here as a causal decoder "
+                       "(is_decoder=True)", model_args.model_name_or_path or model_args.config_name)
+    logger.info("NPRF-RoBERTa as a causal language model: is_decoder=True")
+    return {"is_decoder": True}
+
+
+def main(argv=None):
+    model_args, data_args, training_args = training.parse_args(DataTrainingArguments, argv)
+    training.setup_logging(training_args)
+    if not (training_args.do_train or training_args.do_eval):
+        raise ValueError("nothing to do: give --do_train and/or --do_eval")
+    set_seed(training_args.seed)
+    identity = training.run_identity("run_clm", model_args, data_args, block_size=data_args.block_size)
+    checkpoint = training.prepare_output_dir(training_args, identity)
+
+    tokenizer = training.load_tokenizer(model_args)
+    family = training.family_of(model_args)
+    model, family = training.load_model(model_args, "clm", **decoder_kwargs(model_args, family),
+                                        **training.new_model_kwargs(model_args, tokenizer))
+    # Trainer divides a causal LM's summed loss by the labels it counts over labels[..., 1:] (the shifted targets)
+    # only when model.loss_type is "ForCausalLM"; transformers derives it from the class name, which GPT-2's
+    # "...LMHeadModel" does not match, so every loss would come out scaled by (block_size - 1) / block_size.
+    model.loss_type = "ForCausalLM"
+    training.fit_vocabulary(model, tokenizer)
+    block_size = training.sequence_length(data_args.block_size, "--block_size", tokenizer, model.config)
+
+    raw = training.needed_splits(training.load_raw_datasets(data_args, model_args), training_args)
+    blocks = training.tokenize_into_blocks(raw, tokenizer, block_size, "--block_size", data_args, training_args,
+                                           labels=True)
+    train_dataset = training.take(blocks["train"], data_args.max_train_samples) if training_args.do_train else None
+    eval_dataset = training.take(blocks["validation"], data_args.max_eval_samples) if training_args.do_eval else None
+
+    trainer = Trainer(
+        model=model, args=training_args, train_dataset=train_dataset, eval_dataset=eval_dataset,
+        processing_class=tokenizer, data_collator=default_data_collator,  # blocks are all block_size long
+        compute_metrics=training.token_accuracy(shift=1) if training_args.do_eval else None,
+        preprocess_logits_for_metrics=training.predicted_ids if training_args.do_eval else None)
+
+    results = {}
+    if training_args.do_train:
+        training.write_run_info(training_args, identity, task="text-generation",
+                                dataset=training.dataset_label(data_args), base_model=training.base_model(model_args),
+                                family=family)
+        results.update(training.train_and_save(trainer, checkpoint, len(train_dataset)))
+    if training_args.do_eval:
+        results.update(training.evaluate_and_save(trainer, eval_dataset, len(eval_dataset), with_perplexity=True))
+    training.close_distributed()
+    return results
+
+
+if __name__ == "__main__":
+    main()

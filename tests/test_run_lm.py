@@ -1,0 +1,505 @@
+"""scripts/run_mlm.py and scripts/run_clm.py end to end on Shakespeare with tiny models: metrics against an
+independent recomputation, the data shapes, resume / refusals, and torchrun against one process."""
+
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import datasets
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from transformers import (AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, BertConfig, BertForMaskedLM,
+                          GPT2TokenizerFast, RobertaTokenizerFast)
+
+import hf_mgk
+from hf_mgk import bundled, training
+from test_trainer import free_port
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _script(name):
+    spec = importlib.util.spec_from_file_location(f"hf_mgk_{name}_script", ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+run_mlm = _script("run_mlm")
+run_clm = _script("run_clm")
+
+TINY = {
+    "mgk-bert": "hidden_size=32,num_hidden_layers=2,num_attention_heads=4,intermediate_size=37,"
+                "max_position_embeddings=64",
+    "nprf-roberta": "hidden_size=32,num_hidden_layers=2,num_attention_heads=4,intermediate_size=37,"
+                    "max_position_embeddings=66,num_random_features=16",
+    "fish-gpt2": "n_embd=32,n_layer=2,n_head=4,n_inner=37,n_positions=64,num_global_heads=2",
+}
+NO_DROPOUT = {"mgk-bert": "hidden_dropout_prob=0,attention_probs_dropout_prob=0",
+              "fish-gpt2": "attention_type=hard_fish,resid_pdrop=0,embd_pdrop=0,attn_pdrop=0"}
+
+
+# ---------------------------------------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("run_lm")
+
+
+@pytest.fixture(scope="module")
+def texts(work):
+    """train.txt / valid.txt: 400 and 100 lines of a play (blank lines and stage directions included)."""
+    with open(bundled.shakespeare_files()[0], encoding="utf-8") as f:
+        lines = f.readlines()
+    paths = {"train": work / "train.txt", "validation": work / "valid.txt"}
+    paths["train"].write_text("".join(lines[200:600]), encoding="utf-8")
+    paths["validation"].write_text("".join(lines[600:700]), encoding="utf-8")
+    return {k: str(v) for k, v in paths.items()}
+
+
+def _gpt2_bpe():
+    encoder_path, merges_path = bundled.gpt2_bpe_files()
+    with open(encoder_path, encoding="utf-8") as f:
+        encoder = json.load(f)
+    with open(merges_path, encoding="utf-8") as f:
+        merges = [tuple(line.split()) for line in f.read().splitlines()[1:] if line]
+    return encoder, merges
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(work):
+    tokenizer = GPT2TokenizerFast(*_gpt2_bpe())
+    assert len(tokenizer) == 50257 and tokenizer.pad_token is None
+    tokenizer.save_pretrained(work / "gpt2-tokenizer")
+    return str(work / "gpt2-tokenizer")
+
+
+@pytest.fixture(scope="module")
+def roberta_dir(work):
+    """GPT-2's BPE laid out as RoBERTa's vocabulary (<s> 0, <pad> 1, </s> 2, <unk> 3, then the BPE, <mask>)."""
+    encoder, merges = _gpt2_bpe()
+    vocab = {t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>"])}
+    vocab.update({t: i + 4 for t, i in encoder.items()})
+    vocab["<mask>"] = len(vocab)
+    tokenizer = RobertaTokenizerFast(vocab=vocab, merges=merges)
+    assert tokenizer.pad_token_id == 1
+    tokenizer.save_pretrained(work / "roberta-tokenizer")
+    return str(work / "roberta-tokenizer")
+
+
+@pytest.fixture(scope="module")
+def bert_dir():
+    return bundled.bert_checkpoint_dir()
+
+
+@pytest.fixture(scope="module")
+def stock_bert_dir(work, bert_dir):
+    """A tiny stock BertForMaskedLM (MLM head included) with the bundled bert-base-uncased tokenizer."""
+    torch.manual_seed(0)
+    model = BertForMaskedLM(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                       intermediate_size=37, max_position_embeddings=64))
+    model.save_pretrained(work / "stock-bert")
+    AutoTokenizer.from_pretrained(bert_dir).save_pretrained(work / "stock-bert")
+    return str(work / "stock-bert")
+
+
+def common(texts, out, work, *extra, steps=2):
+    """The arguments every run shares (CPU, tiny batches, one evaluation batch, the datasets cache in tmp)."""
+    return ["--train_file", texts["train"], "--validation_file", texts["validation"], "--output_dir", str(out),
+            "--cache_dir", str(work / "cache"), "--use_cpu", "--report_to", "none", "--max_steps", str(steps),
+            "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "128", "--logging_steps", "1",
+            "--save_strategy", "no", "--seed", "0", *extra]
+
+
+def new_model(family, tokenizer, *overrides):
+    return ["--model_type", family, "--tokenizer_name", tokenizer,
+            "--config_overrides", ",".join([TINY[family], *overrides])]
+
+
+def read_json(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def losses(folder):
+    return [h["loss"] for h in read_json(os.path.join(folder, "trainer_state.json"))["log_history"] if "loss" in h]
+
+
+def snapshot(folder):
+    return {p.relative_to(folder): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in pathlib.Path(folder).rglob("*") if p.is_file()}
+
+
+# ------------------------------------------------------------------------ independent recomputation
+
+def tokenized_lines(path, tokenizer, **kwargs):
+    """Each line as datasets' text loader gives it (line breaks kept), tokenized on its own."""
+    with open(path, encoding="utf-8") as f:
+        return [tokenizer(line, **kwargs) for line in f.readlines()]
+
+
+def blocks_of(encodings, size, keys=("input_ids",)):
+    """The encodings concatenated and cut into blocks of `size`, remainder dropped."""
+    joined = {k: [t for e in encodings for t in e[k]] for k in keys}
+    n = len(joined["input_ids"]) // size * size
+    return [{k: v[i:i + size] for k, v in joined.items()} for i in range(0, n, size)]
+
+
+def mlm_reference(model, tokenizer, examples, seed=0):
+    """Loss and accuracy over the masked tokens of one batch, masked as the script's evaluation masks them."""
+    collator = run_mlm.ExampleSeededMasking(tokenizer=tokenizer, mlm_probability=0.15, mask_seed=seed)
+    batch = collator(examples)
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    scored = batch["labels"] != -100
+    loss = F.cross_entropy(logits[scored].double(), batch["labels"][scored])
+    accuracy = (logits[scored].argmax(-1) == batch["labels"][scored]).double().mean()
+    return loss.item(), accuracy.item(), int(scored.sum())
+
+
+def check_eval_file(out, results):
+    saved = read_json(os.path.join(out, "eval_results.json"))
+    assert saved["perplexity"] == pytest.approx(math.exp(saved["eval_loss"]), rel=1e-12)
+    for key in ("eval_loss", "eval_accuracy", "perplexity", "eval_samples"):
+        assert saved[key] == results[key]
+    return saved
+
+
+# ---------------------------------------------------------------------------------------------- run_clm
+
+@pytest.mark.parametrize("family", ["fish-gpt2", "nprf-roberta"])
+def test_clm_perplexity_and_accuracy_recomputed(family, texts, work, gpt2_dir, roberta_dir, tmp_path):
+    """FiSH-GPT2 (arguments from a .json file) and NPRF-RoBERTa as a decoder: train 2 steps, then eval_loss,
+    perplexity and next-token accuracy against the saved model run on blocks cut here."""
+    tokenizer_dir = gpt2_dir if family == "fish-gpt2" else roberta_dir
+    out = tmp_path / "out"
+    argv = [*new_model(family, tokenizer_dir), *common(texts, out, work), "--do_train", "--do_eval",
+            "--block_size", "32"]
+    if family == "fish-gpt2":  # the same run from a .json file of the arguments, typed as JSON
+        options = {}
+        for i, arg in enumerate(argv):
+            if arg.startswith("--"):
+                value = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else "true"
+                try:
+                    options[arg[2:]] = json.loads(value)
+                except json.JSONDecodeError:
+                    options[arg[2:]] = value
+        (tmp_path / "args.json").write_text(json.dumps(options))
+        argv = [str(tmp_path / "args.json")]
+    results = run_clm.main(argv)
+    saved = check_eval_file(out, results)
+    assert read_json(out / "trainer_state.json")["global_step"] == 2
+
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert model.config.model_type == family
+    assert getattr(model.config, "is_decoder", False) == (family == "nprf-roberta")
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    blocks = torch.tensor([b["input_ids"] for b in blocks_of(tokenized_lines(texts["validation"], tokenizer), 32)])
+    with torch.no_grad():
+        logits = model(input_ids=blocks).logits[:, :-1].double()
+    targets = blocks[:, 1:]
+    assert saved["eval_samples"] == len(blocks)
+    assert saved["eval_loss"] == pytest.approx(F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                               targets.reshape(-1)).item(), rel=1e-5)
+    assert saved["eval_accuracy"] == pytest.approx((logits.argmax(-1) == targets).double().mean().item(), abs=1e-12)
+    run = read_json(out / training.RUN_FILE)
+    assert (run["task"], run["family"], run["dataset"], run["base_model"]) == (
+        "text-generation", family, "train.txt, valid.txt", None)
+
+
+def test_clm_text_shorter_than_a_block(texts, work, gpt2_dir, tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("To be, or not to be:\nthat is the question.\n", encoding="utf-8")
+    n_tokens = sum(len(e["input_ids"]) for e in tokenized_lines(short, AutoTokenizer.from_pretrained(gpt2_dir)))
+    out = tmp_path / "out"
+    argv = [*new_model("fish-gpt2", gpt2_dir), *common(texts, out, work), "--do_train", "--block_size", "64"]
+    argv[argv.index("--train_file") + 1] = str(short)
+    with pytest.raises(ValueError, match=f"the train text has {n_tokens} tokens, not enough for one block of 64 "
+                                         r"tokens \(--block_size 64\)"):
+        run_clm.main(argv)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("script, family, option, limit, why", [
+    ("mlm", "mgk-bert", "--max_seq_length", 64, r"max_position_embeddings=64\)"),
+    # The bundled BERT tokenizer pads with 0, which a new NPRF-RoBERTa takes: positions start at 1.
+    ("mlm", "nprf-roberta", "--max_seq_length", 65, "max_position_embeddings=66 minus RoBERTa's padding offset 1"),
+    ("clm", "fish-gpt2", "--block_size", 64, r"n_positions=64\)"),
+])
+def test_too_long_for_the_model(script, family, option, limit, why, texts, work, bert_dir, gpt2_dir, tmp_path):
+    tokenizer_dir = gpt2_dir if family == "fish-gpt2" else bert_dir
+    main = run_mlm.main if script == "mlm" else run_clm.main
+    out = tmp_path / "out"
+    argv = [*new_model(family, tokenizer_dir), *common(texts, out, work), "--do_train", option, str(limit + 1)]
+    with pytest.raises(ValueError, match=f"{option} {limit + 1} is longer than the model's positions allow: at most "
+                                         f"{limit} \\({why}"):
+        main(argv)
+    assert not out.exists()
+    argv[-1] = str(limit)  # the limit itself is accepted
+    main(argv)
+    assert read_json(out / "trainer_state.json")["global_step"] == 2
+
+
+def test_sequence_length_defaults_and_no_position_table(bert_dir):
+    tokenizer = AutoTokenizer.from_pretrained(bert_dir)  # model_max_length 512
+    short = hf_mgk.MGKBertConfig(max_position_embeddings=128)
+    assert training.sequence_length(None, "--max_seq_length", tokenizer, short) == 128
+    assert training.sequence_length(None, "--max_seq_length", tokenizer, hf_mgk.MGKBertConfig()) == 512
+    free = hf_mgk.NPRFRobertaConfig(use_absolute_positions=False, max_position_embeddings=66)
+    assert training.position_limit(free)[0] is None
+    assert training.sequence_length(4096, "--max_seq_length", tokenizer, free) == 4096
+    gpt2 = hf_mgk.FiSHGPT2Config(n_positions=2048)
+    tokenizer.model_max_length = 10 ** 30  # a tokenizer built from files has no limit: 1024 is the cap
+    assert training.sequence_length(None, "--block_size", tokenizer, gpt2) == 1024
+
+
+# ---------------------------------------------------------------------------------------------- run_mlm
+
+def test_masks_do_not_depend_on_the_batch(bert_dir):
+    """Each example's masks come from (seed, epoch, its tokens): the same alone, in any batch, under either
+    padding side; new each epoch; fixed for evaluation; never on special tokens or padding; upstream's rates."""
+    tokenizer = AutoTokenizer.from_pretrained(bert_dir)
+    with open(bundled.shakespeare_files()[1], encoding="utf-8") as f:
+        lines = [line for line in f.read().splitlines() if line.strip()][:800]
+    examples = [tokenizer(line, return_special_tokens_mask=True) for line in lines]
+
+    def masked_rows(collator, batch_size, tok=tokenizer):
+        collator.tokenizer = tok
+        rows = []
+        for i in range(0, len(examples), batch_size):
+            part = examples[i:i + batch_size]
+            batch = collator([dict(e) for e in part])
+            for row, e in enumerate(part):
+                n = len(e["input_ids"])
+                cols = slice(0, n) if tok.padding_side == "right" else slice(batch["input_ids"].shape[1] - n, None)
+                rows.append((batch["input_ids"][row, cols].tolist(), batch["labels"][row, cols].tolist()))
+                assert (batch["labels"][row][batch["attention_mask"][row] == 0] == -100).all()
+        return rows
+
+    collator = run_mlm.ExampleSeededMasking(tokenizer=tokenizer, mlm_probability=0.15, mask_seed=7, epoch=0)
+    reference = masked_rows(collator, len(examples))
+    assert masked_rows(collator, 1) == reference
+    assert masked_rows(collator, 3) == reference
+    left = AutoTokenizer.from_pretrained(bert_dir, padding_side="left")
+    assert masked_rows(collator, 5, left) == reference
+    collator.epoch = 1
+    assert masked_rows(collator, 8) != reference
+    collator.epoch = None
+    assert masked_rows(collator, 8) == masked_rows(collator, 3)
+
+    mask_id = tokenizer.mask_token_id
+    n_tokens = n_masked = n_mask_token = n_kept = 0
+    for e, (ids, labels) in zip(examples, reference):
+        for original, special_flag, new, label in zip(e["input_ids"], e["special_tokens_mask"], ids, labels):
+            n_tokens += not special_flag
+            if label == -100:
+                assert new == original
+                continue
+            assert not special_flag and label == original
+            n_masked += 1
+            n_mask_token += new == mask_id
+            n_kept += new == original
+    assert n_tokens > 5000
+    assert n_masked / n_tokens == pytest.approx(0.15, abs=0.02)
+    assert n_mask_token / n_masked == pytest.approx(0.8, abs=0.05)
+    assert n_kept / n_masked == pytest.approx(0.1, abs=0.04)
+
+
+def test_mlm_warm_start_with_softmax_is_stock_bert(texts, work, stock_bert_dir, tmp_path):
+    """A stock BERT warm-started with softmax attention, evaluated only: the eval loss and masked-token accuracy
+    are those of transformers' own BertForMaskedLM on blocks cut here, masked as the script masks them."""
+    out = tmp_path / "out"
+    results = run_mlm.main(["--model_name_or_path", stock_bert_dir, "--attention_overrides", "attention_type=softmax",
+                            *common(texts, out, work), "--do_eval", "--max_seq_length", "32"])
+    saved = check_eval_file(out, results)
+    tokenizer = AutoTokenizer.from_pretrained(stock_bert_dir)
+    examples = blocks_of(tokenized_lines(texts["validation"], tokenizer, return_special_tokens_mask=True), 32,
+                         keys=("input_ids", "special_tokens_mask"))
+    loss, accuracy, n_masked = mlm_reference(BertForMaskedLM.from_pretrained(stock_bert_dir).eval(), tokenizer,
+                                             examples)
+    assert n_masked > 50
+    assert saved["eval_samples"] == len(examples)
+    assert saved["eval_loss"] == pytest.approx(loss, rel=1e-5)
+    assert saved["eval_accuracy"] == pytest.approx(accuracy, abs=1e-12)
+    assert not (out / training.RUN_FILE).exists()  # evaluation only: no training run recorded
+
+
+@pytest.mark.parametrize("family, line_by_line", [("mgk-bert", False), ("nprf-roberta", True)])
+def test_mlm_from_scratch_metrics_recomputed(family, line_by_line, texts, work, bert_dir, tmp_path):
+    """Train 2 steps from scratch, then eval_loss / perplexity / accuracy against the saved model on examples built
+    here: blocks of 32 (MGK-BERT), or the non-empty lines padded in one batch (NPRF-RoBERTa, --line_by_line)."""
+    out = tmp_path / "out"
+    length = 16 if line_by_line else 32
+    extra = ["--line_by_line"] if line_by_line else []
+    results = run_mlm.main([*new_model(family, bert_dir), *common(texts, out, work), "--do_train", "--do_eval",
+                            "--max_seq_length", str(length), *extra])
+    saved = check_eval_file(out, results)
+    model = AutoModelForMaskedLM.from_pretrained(out).eval()
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert (model.config.model_type, model.config.is_decoder) == (family, False)
+    assert model.config.pad_token_id == tokenizer.pad_token_id == 0  # NPRF's default 1 replaced by the tokenizer's
+    if line_by_line:
+        with open(texts["validation"], encoding="utf-8") as f:
+            examples = [tokenizer(line, truncation=True, max_length=length, return_special_tokens_mask=True)
+                        for line in f.readlines() if line.strip()]
+        assert max(len(e["input_ids"]) for e in examples) == length > min(len(e["input_ids"]) for e in examples)
+    else:
+        examples = blocks_of(tokenized_lines(texts["validation"], tokenizer, return_special_tokens_mask=True), length,
+                             keys=("input_ids", "special_tokens_mask"))
+    loss, accuracy, _ = mlm_reference(model, tokenizer, [dict(e) for e in examples])
+    assert saved["eval_samples"] == len(examples)
+    assert saved["eval_loss"] == pytest.approx(loss, rel=1e-5)
+    assert saved["eval_accuracy"] == pytest.approx(accuracy, abs=1e-12)
+    run = read_json(out / training.RUN_FILE)
+    assert (run["task"], run["family"], run["base_model"]) == ("fill-mask", family, None)
+
+
+def test_line_by_line_padding_and_blocks(bert_dir):
+    """The examples each mode gives: lines (truncated), lines padded to --max_seq_length, or full blocks."""
+    tokenizer = AutoTokenizer.from_pretrained(bert_dir)
+    lines = ["To be, or not to be: that is the question:\n", "\n", "   \n",
+             "Whether 'tis nobler in the mind to suffer the slings and arrows of outrageous fortune,\n", "Ay.\n"]
+    raw = datasets.DatasetDict({"validation": datasets.Dataset.from_dict({"text": lines})})
+    encoded = [tokenizer(line)["input_ids"] for line in lines]
+
+    def examples(*flags, length=16):
+        _, data_args, training_args = training.parse_args(run_mlm.DataTrainingArguments, [
+            "--model_type", "mgk-bert", "--validation_file", __file__, "--output_dir", "unused",
+            "--max_seq_length", str(length), *flags])
+        return run_mlm.prepare_datasets(raw, tokenizer, length, data_args, training_args)["validation"]
+
+    by_line = examples("--line_by_line")
+    assert by_line["input_ids"] == [encoded[0], encoded[3][:15] + [tokenizer.sep_token_id], encoded[4]]
+    padded = examples("--line_by_line", "--pad_to_max_length")
+    assert [len(ids) for ids in padded["input_ids"]] == [16, 16, 16]
+    assert [sum(m) for m in padded["attention_mask"]] == [len(ids) for ids in by_line["input_ids"]]
+    grouped = examples()
+    joined = [t for ids in encoded for t in ids]
+    assert grouped["input_ids"] == [joined[i:i + 16] for i in range(0, len(joined) // 16 * 16, 16)]
+    assert examples(length=64)["input_ids"] == [joined]  # shorter than one block: one shorter block, as upstream
+
+
+def test_mlm_warm_start_from_the_bundled_bert(texts, work, bert_dir, tmp_path):
+    """A real BERT checkpoint (6 layers, 384 wide) warm-starts MGK-BERT: its weights are the start."""
+    out = tmp_path / "out"
+    run_mlm.main(["--model_name_or_path", bert_dir, *common(texts, out, work), "--do_train", "--max_seq_length",
+                  "32"])
+    model = AutoModelForMaskedLM.from_pretrained(out)
+    assert (model.config.model_type, model.config.attention_type) == ("mgk-bert", "mgk")
+    assert (model.config.num_hidden_layers, model.config.hidden_size) == (6, 384)
+    bert = load_file(os.path.join(bert_dir, "model.safetensors"))
+    key = next(k for k in bert if k.endswith("word_embeddings.weight"))
+    start = bert[key]
+    trained = model.bert.embeddings.word_embeddings.weight.detach()
+    assert (trained - start).abs().max() < 1e-3 < start.abs().max()  # two Adam steps of 5e-5 from BERT's table
+    run = read_json(out / training.RUN_FILE)
+    assert (run["task"], run["family"], run["base_model"]) == ("fill-mask", "mgk-bert", None)
+
+
+def test_resume_refuse_and_overwrite(texts, work, bert_dir, tmp_path):
+    out = tmp_path / "out"
+    argv = [*new_model("mgk-bert", bert_dir), *common(texts, out, work), "--do_train", "--max_seq_length", "32"]
+    first = run_mlm.main([*argv, "--save_strategy", "steps", "--save_steps", "2"])
+    assert (out / "checkpoint-2").is_dir()
+    first_losses = losses(out)
+
+    # The same run again with more steps continues from checkpoint-2.
+    resumed = run_mlm.main([*argv, "--max_steps", "4", "--save_strategy", "steps", "--save_steps", "2"])
+    assert read_json(out / "trainer_state.json")["global_step"] == 4
+    all_losses = losses(out)
+    assert len(all_losses) == 4 and all_losses[:2] == first_losses
+    assert resumed["train_loss"] == pytest.approx(sum(all_losses[2:]) / 2, rel=1e-6)  # steps 3 and 4 only
+
+    # Another run (other layers) is refused, and the folder is left as it was.
+    before = snapshot(out)
+    other = [a.replace("num_hidden_layers=2", "num_hidden_layers=1") for a in argv]
+    with pytest.raises(ValueError, match=r"holds a different run \(config_overrides: .*num_hidden_layers=2.* there, "
+                                         r".*num_hidden_layers=1.* now\)"):
+        run_mlm.main(other)
+    assert snapshot(out) == before
+
+    # --overwrite_output_dir starts anew: old checkpoints gone, the first two steps again.
+    again = run_mlm.main([*other, "--overwrite_output_dir"])
+    assert not any(p.name.startswith("checkpoint-") for p in out.iterdir())
+    assert read_json(out / "trainer_state.json")["global_step"] == 2
+    assert again["train_loss"] == pytest.approx(sum(losses(out)) / 2, rel=1e-6)
+    assert read_json(out / training.RUN_FILE)["identity"]["config_overrides"].count("num_hidden_layers=1") == 1
+    assert first["train_loss"] != again["train_loss"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model_name_or_path", "STOCK", "--config_overrides", "num_hidden_layers=1", "--do_train"],
+     "--config_overrides goes only with --model_type"),
+    (["--config_overrides", "num_hidden_layers=1", "--do_train", "--tokenizer_name", "STOCK"],
+     "--config_overrides goes only with --model_type"),
+    (["--model_name_or_path", "STOCK", "--do_train", "--pad_to_max_length"],
+     "--pad_to_max_length goes with --line_by_line"),
+    (["--model_name_or_path", "STOCK", "--do_train", "--mlm_probability", "0"], "--mlm_probability must be in"),
+])
+def test_bad_arguments_exit_with_the_reason(argv, message, texts, work, stock_bert_dir, tmp_path, capsys):
+    argv = [stock_bert_dir if a == "STOCK" else a for a in argv]
+    with pytest.raises(SystemExit) as exit_info:
+        run_mlm.main([*argv, "--train_file", texts["train"], "--output_dir", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_nothing_to_do_is_an_error(texts, work, stock_bert_dir, tmp_path):
+    with pytest.raises(ValueError, match="nothing to do: give --do_train and/or --do_eval"):
+        run_clm.main(["--model_name_or_path", stock_bert_dir, "--train_file", texts["train"],
+                      "--output_dir", str(tmp_path / "out")])
+
+
+@pytest.mark.parametrize("script, options", [
+    (run_mlm, ["--max_seq_length", "--line_by_line", "--pad_to_max_length", "--mlm_probability", "--train_file",
+               "--config_overrides", "--overwrite_output_dir"]),
+    (run_clm, ["--block_size", "--validation_file", "--attention_overrides", "--overwrite_output_dir"]),
+])
+def test_help(script, options, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for option in options:
+        assert option in text
+    for f in script.DataTrainingArguments.__dataclass_fields__.values():
+        assert f.metadata.get("help"), f.name
+
+
+# ------------------------------------------------------------------------------------- two processes
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, family, length_option", [("run_mlm", "mgk-bert", "--max_seq_length"),
+                                                           ("run_clm", "fish-gpt2", "--block_size")])
+def test_torchrun_two_processes_match_one(script, family, length_option, texts, work, bert_dir, gpt2_dir, tmp_path):
+    """Global batch 4: one process x 4 in-process, and torchrun (gloo) with 2 processes x 2 running the script.
+
+    accelerate gives process p the sampler's batches p, p + 2, ... of the same seeded permutation, so each global
+    batch holds the same examples; the masks depend on each example alone (not on the process's random stream),
+    and the losses honour num_items_in_batch: the per-step losses agree. No dropout, and noise-free hard FiSH."""
+    tokenizer_dir = gpt2_dir if family == "fish-gpt2" else bert_dir
+    argv = [*new_model(family, tokenizer_dir, NO_DROPOUT[family]), *common(texts, tmp_path / "one", work, steps=3),
+            "--do_train", length_option, "32", "--optim", "sgd", "--learning_rate", "0.5", "--lr_scheduler_type",
+            "constant", "--seed", "3", "--data_seed", "5"]
+    main = run_mlm.main if script == "run_mlm" else run_clm.main
+    main(argv)
+    one = losses(tmp_path / "one")
+
+    argv[argv.index("--output_dir") + 1] = str(tmp_path / "two")
+    argv[argv.index("--per_device_train_batch_size") + 1] = "2"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                           str(free_port()), str(ROOT / "scripts" / f"{script}.py"), *argv],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    two = losses(tmp_path / "two")
+    assert len(one) == 3 and len(set(one)) == 3
+    assert two == pytest.approx(one, rel=1e-5)
