@@ -405,7 +405,8 @@ def test_mlm_warm_start_from_the_bundled_bert(texts, work, bert_dir, tmp_path):
 
 def test_resume_refuse_and_overwrite(texts, work, bert_dir, tmp_path):
     out = tmp_path / "out"
-    argv = [*new_model("mgk-bert", bert_dir), *common(texts, out, work), "--do_train", "--max_seq_length", "32"]
+    argv = [*new_model("mgk-bert", bert_dir), *common(texts, out, work), "--do_train", "--max_seq_length", "32",
+            "--lr_scheduler_type", "constant"]  # the same schedule however many steps are asked for
     first = run_mlm.main([*argv, "--save_strategy", "steps", "--save_steps", "2"])
     assert (out / "checkpoint-2").is_dir()
     first_losses = losses(out)
@@ -416,6 +417,10 @@ def test_resume_refuse_and_overwrite(texts, work, bert_dir, tmp_path):
     all_losses = losses(out)
     assert len(all_losses) == 4 and all_losses[:2] == first_losses
     assert resumed["train_loss"] == pytest.approx(sum(all_losses[2:]) / 2, rel=1e-6)  # steps 3 and 4 only
+    # ... exactly where it stopped: weights, optimizer, data order and masks as in a run never interrupted.
+    argv_straight = [*argv, "--max_steps", "4", "--output_dir", str(tmp_path / "straight")]
+    run_mlm.main(argv_straight)
+    assert all_losses == pytest.approx(losses(tmp_path / "straight"), rel=1e-5)
 
     # Another run (other layers) is refused, and the folder is left as it was.
     before = snapshot(out)
