@@ -66,10 +66,6 @@ def main(argv=None):
     family = training.family_of(model_args)
     model, family = training.load_model(model_args, "clm", **decoder_kwargs(model_args, family),
                                         **training.new_model_kwargs(model_args, tokenizer))
-    # Trainer divides a causal LM's summed loss by the labels it counts over labels[..., 1:] (the shifted targets)
-    # only when model.loss_type is "ForCausalLM"; transformers derives it from the class name, which GPT-2's
-    # "...LMHeadModel" does not match, so every loss would come out scaled by (block_size - 1) / block_size.
-    model.loss_type = "ForCausalLM"
     training.fit_vocabulary(model, tokenizer)
     block_size = training.sequence_length(data_args.block_size, "--block_size", tokenizer, model.config)
 

@@ -25,6 +25,20 @@ def test_gradient_accumulation_matches_the_whole_batch(task, tmp_path):
     assert_close(params_acc1, params_full, rtol=1e-5)
 
 
+@pytest.mark.parametrize("task", ["mlm", "clm"])
+def test_trainer_loss_is_the_mean_over_the_predicted_tokens(task, tmp_path):
+    """Trainer divides the summed loss by its own count of label tokens: for a causal LM that count must be over
+    the shifted labels (transformers checks `model.loss_type`), else the loss is scaled by (N - 1) / N."""
+    from trainer_check import FixedBatch, build_model
+
+    items = FixedBatch(task).items
+    batch = {k: torch.stack([item[k] for item in items]) for k in items[0]}
+    with torch.no_grad():
+        expected = build_model(task)(**batch).loss.item()  # the plain mean over the batch's predicted tokens
+    loss, _ = train_once(task, per_device_batch=4, accumulation=1, output_dir=str(tmp_path))
+    assert loss == pytest.approx(expected, rel=1e-6)
+
+
 def free_port():
     """A port nothing listens on now: a fixed one can still be held by the previous run's rendezvous."""
     with socket.socket() as sock:

@@ -288,6 +288,9 @@ class FiSHGPT2LMHeadModel(CausalLMHeadMixin, FiSHGPT2PreTrainedModel, Generation
 
     def __init__(self, config):
         super().__init__(config)
+        # transformers names the loss from the class name ("...ForCausalLM"), which this one lacks; Trainer counts a
+        # causal LM's num_items_in_batch over the shifted labels only when the loss type says so.
+        self.loss_type = "ForCausalLM"
         self.transformer = FiSHGPT2Model(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.post_init()
