@@ -318,11 +318,12 @@ def fit_vocabulary(model, tokenizer):
         model.resize_token_embeddings(len(tokenizer))
 
 
-def load_raw_datasets(data_args, model_args, extension_map=None):
+def load_raw_datasets(data_args, model_args, extension_map=None, splits=("train", "validation", "test")):
     """A DatasetDict with "train" / "validation" (and "test" when the data has it) from the Hub or local files;
     without a validation split, --validation_split_percentage of the training data is held out.
 
-    extension_map: file extension -> datasets builder (default: txt -> text, csv, tsv -> csv, json/jsonl -> json)."""
+    extension_map: file extension -> datasets builder (default: txt -> text, csv, tsv -> csv, json/jsonl -> json).
+    splits: the local splits, each read from `data_args.<split>_file` when that is set."""
     import datasets
 
     hub = {k: v for k, v in model_args.hub_kwargs().items() if k != "revision"}
@@ -337,7 +338,7 @@ def load_raw_datasets(data_args, model_args, extension_map=None):
                 split=f"train[{data_args.validation_split_percentage}%:]", **hub)
         return raw
     extension_map = extension_map or {"txt": "text", "csv": "csv", "tsv": "csv", "json": "json", "jsonl": "json"}
-    files = {split: getattr(data_args, f"{split}_file", None) for split in ("train", "validation", "test")}
+    files = {split: getattr(data_args, f"{split}_file", None) for split in splits}
     files = {split: path for split, path in files.items() if path is not None}
     builders = set()
     for split, path in files.items():
@@ -352,13 +353,18 @@ def load_raw_datasets(data_args, model_args, extension_map=None):
     options = {"delimiter": "\t"} if tsv else {}
     if builder == "text":
         options["keep_linebreaks"] = True
-    raw = datasets.load_dataset(builder, data_files=files, cache_dir=model_args.cache_dir, **options)
+
+    # One file at a time: loaded together, datasets casts every file to the first one's columns (a column missing
+    # from a later file is filled with None, one missing from the first fails with an obscure error).
+    def load(path, part="data"):
+        return datasets.load_dataset(builder, data_files={"data": path}, split=part, cache_dir=model_args.cache_dir,
+                                     **options)
+
+    raw = datasets.DatasetDict({split: load(path) for split, path in files.items()})
     if "validation" not in raw and "train" in raw:
         pct = data_args.validation_split_percentage
-        raw["validation"] = datasets.load_dataset(builder, data_files=files, split=f"train[:{pct}%]",
-                                                  cache_dir=model_args.cache_dir, **options)
-        raw["train"] = datasets.load_dataset(builder, data_files=files, split=f"train[{pct}%:]",
-                                             cache_dir=model_args.cache_dir, **options)
+        raw["validation"] = load(files["train"], f"data[:{pct}%]")
+        raw["train"] = load(files["train"], f"data[{pct}%:]")
     return raw
 
 
