@@ -137,7 +137,7 @@ def test_card_metadata_metrics_and_pinned_snippet(run_dir, exported):
         ("text-classification", "validation", "accuracy")}
     assert card.data.to_dict()["model-index"][0]["name"] == "tiny-mgk"
     for line in ('model = AutoModelForSequenceClassification.from_pretrained("me/tiny-mgk", revision="v3", '
-                 'trust_remote_code=True)', 'AutoTokenizer.from_pretrained("me/tiny-mgk", revision="v3")'):
+                 'trust_remote_code=True)', 'AutoTokenizer.from_pretrained("me/tiny-mgk", revision="v3", trust_remote_code=True)'):
         assert line in card.text
     assert "{{" not in card.text and "ORG/NAME" not in card.text
     assert f"| accuracy | validation | {expected['accuracy']:.6g} |" in card.text

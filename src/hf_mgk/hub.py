@@ -245,7 +245,8 @@ def usage_snippet(auto, repo_id, revision=None):
     pin = f', revision="{revision}"' if revision else ""
     lines = [f"from transformers import {auto}, AutoTokenizer",
              f'model = {auto}.from_pretrained("{repo_id}"{pin}, trust_remote_code=True)',
-             f'tokenizer = AutoTokenizer.from_pretrained("{repo_id}"{pin})',
+             # The tokenizer reads config.json too, whose auto_map names custom code: without the flag it asks.
+             f'tokenizer = AutoTokenizer.from_pretrained("{repo_id}"{pin}, trust_remote_code=True)',
              *_EXAMPLES.get(auto, [])]
     return "```python\n" + "\n".join(lines) + "\n```\n"
 
@@ -509,47 +510,116 @@ def _is_package_entry(name):
     return "hf_mgk" in name.lower().replace("-", "_")
 
 
-def clean_python():
+def clean_python(transformers_version=None, root=None):
     """The python of a virtualenv that has every package of this environment except hf_mgk.
 
     Built once (`python -m venv --without-pip`, then a symlink to each entry of this environment's
-    site-packages but hf_mgk's own, editable-install hooks included) and kept in the temporary folder under a
-    name that changes with the installed packages. Raises RuntimeError if hf_mgk is importable there or torch /
-    transformers are not."""
+    site-packages but hf_mgk's own, editable-install hooks included) and kept under `root` (default: the
+    temporary folder) in a folder whose name changes with the installed packages and the version asked for.
+
+    transformers_version: None keeps this environment's transformers; a version ("4.57.6") installs that one
+    from PyPI into the virtualenv instead (`pip install --no-deps --target`), with the requirements it has that
+    this environment's packages do not meet (e.g. huggingface_hub<1.0 for 4.57), found from the installed
+    metadata until none is missing; every other package is this environment's. This is how a published folder
+    is checked against the transformers releases its users may have.
+
+    Raises RuntimeError if the virtualenv cannot be made or pip fails, if hf_mgk is importable there, or if
+    torch / transformers (of the version asked for) are not."""
     sites = [p for p in site.getsitepackages() + [site.getusersitepackages()] if os.path.isdir(p)]
     entries = sorted((p, name) for p in dict.fromkeys(sites) for name in os.listdir(p)
                      if not _is_package_entry(name) and name != "__pycache__")
-    key = hashlib.sha256(repr((sys.executable, sys.version, entries)).encode()).hexdigest()[:12]
-    root = os.path.join(tempfile.gettempdir(), f"hf-mgk-clean-venv-{key}")
+    key = hashlib.sha256(repr((sys.executable, sys.version, entries, transformers_version)).encode()).hexdigest()[:12]
+    label = "" if transformers_version is None else f"tf-{transformers_version}-"
+    root = os.path.abspath(root or tempfile.gettempdir())
+    home = os.path.join(root, f"hf-mgk-clean-venv-{label}{key}")
     bindir = "Scripts" if os.name == "nt" else "bin"
-    python = os.path.join(root, bindir, "python")
+    python = os.path.join(home, bindir, "python")
     if os.path.isfile(python):
         return python
-    tmp = tempfile.mkdtemp(prefix=os.path.basename(root) + ".", dir=os.path.dirname(root))
+    os.makedirs(root, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=os.path.basename(home) + ".", dir=root)
     try:
         made = subprocess.run([sys.executable, "-m", "venv", "--without-pip", tmp], capture_output=True, text=True)
         if made.returncode != 0:
             raise RuntimeError(f"could not create a virtualenv with `{sys.executable} -m venv`:\n{made.stderr[-2000:]}")
         ask = [os.path.join(tmp, bindir, "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
         target = subprocess.run(ask, check=True, capture_output=True, text=True).stdout.strip()
+        replaced = set() if transformers_version is None else _install_release(transformers_version, target)
         for path, name in entries:
-            if not os.path.exists(os.path.join(target, name)):
+            if name not in replaced and not os.path.exists(os.path.join(target, name)):
                 os.symlink(os.path.join(path, name), os.path.join(target, name))
+        expected = transformers_version or _installed_version("transformers")
         probe = ("import importlib.util, torch, transformers\n"
                  "spec = importlib.util.find_spec('hf_mgk')\n"
-                 "assert spec is None, f'hf_mgk is importable from {spec.origin}'")
+                 "assert spec is None, f'hf_mgk is importable from {spec.origin}'\n"
+                 f"assert transformers.__version__ == {expected!r}, transformers.__version__\n")
         proc = subprocess.run([ask[0], "-c", probe], cwd=tmp, capture_output=True, text=True,
                               env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
         if proc.returncode != 0:
             raise RuntimeError(f"the virtualenv without hf_mgk is not usable:\n{proc.stderr[-2000:]}")
         try:
-            os.rename(tmp, root)
+            os.rename(tmp, home)
         except OSError:  # another process built it meanwhile
             if not os.path.isfile(python):
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return python
+
+
+def _installed_version(name):
+    import importlib.metadata
+
+    return importlib.metadata.version(name)
+
+
+def _install_release(transformers_version, target):
+    """Install transformers==`transformers_version` into `target`, then each requirement of what is in `target`
+    that neither `target` nor this environment meets, until none is left. Returns this environment's
+    site-packages entries (packages, dist-infos) of the distributions installed in `target`: they must not be
+    linked beside them (two dist-infos of one package, or the old package shadowing the new one)."""
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    def installed(path=None):
+        dists = importlib.metadata.distributions(**({"path": [path]} if path else {}))
+        return {canonicalize_name(d.metadata["Name"]): d for d in dists}
+
+    here = installed()
+    wanted = [f"transformers=={transformers_version}"]
+    for _ in range(10):
+        if not wanted:
+            break
+        pip = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
+               "--target", target, *wanted]
+        proc = subprocess.run(pip, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"could not install {' '.join(wanted)} from PyPI (`pip install --target`):\n"
+                               f"{proc.stderr[-2000:]}")
+        there = installed(target)
+        wanted = []
+        for dist in there.values():
+            for line in dist.requires or ():
+                req = Requirement(line)
+                if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                    continue
+                name = canonicalize_name(req.name)
+                have = there.get(name) or here.get(name)
+                if have is None or not req.specifier.contains(have.version, prereleases=True):
+                    if name in there:
+                        raise RuntimeError(f"{dist.metadata['Name']} needs {req}, but {name} {have.version} was "
+                                           "installed for another requirement")
+                    wanted.append(str(req))
+        wanted = sorted(set(wanted))
+    else:
+        raise RuntimeError(f"the requirements of transformers=={transformers_version} did not settle: {wanted}")
+    replaced = set()
+    for name in there:
+        if name in here:  # its RECORD lists the dist-info folder's files too
+            replaced |= {p.parts[0] for p in here[name].files or ()}
+    return replaced
 
 
 def run_without_package(code, cwd, timeout=600, python=None):
