@@ -58,3 +58,93 @@ def test_sequence_length_error_names_the_field_and_explains_the_limit():
     with pytest.raises(ValueError, match=r"at most 64 tokens \(max_position_embeddings=66 minus RoBERTa's padding"):
         check_sequence_length(65, 64, why="max_position_embeddings=66 minus RoBERTa's padding offset 2")
     check_sequence_length(64, 64)
+
+
+# ------------------------------------------------------------------ every path that makes a config checks it
+# A valid saved folder, then one bad field given through each path: the direct constructor, the config's and
+# AutoConfig's from_pretrained keywords, the model's (and AutoModel's) from_pretrained keywords, and a hand-edited
+# config.json. Before, the keyword paths only *set* the attribute: mgk_prior="bogus" loaded and ran uniform,
+# num_global_heads=0 was a ZeroDivisionError, attention_type="foo" an AttributeError at forward.
+BAD_FIELDS = [
+    ("mgk", "mgk_prior", "bogus"), ("mgk", "attention_type", "foo"), ("mgk", "e_step", "both"),
+    ("mgk", "num_keys", 0), ("mgk", "num_keys", True), ("mgk", "num_keys", 2.0),
+    ("mgk", "mgk_variances", ["1", "3"]), ("mgk", "mgk_variances", [1.0, -3.0]), ("mgk", "mgk_variances", 3.0),
+    ("mgk", "mgk_variances", [1.0, float("nan")]), ("mgk", "mgk_variances", [1.0, True]),
+    ("mgk", "head_dim", 3.0), ("mgk", "head_dim", "8"),
+    ("fish", "num_global_heads", 0), ("fish", "num_global_heads", 4), ("fish", "num_global_heads", "2"),
+    ("fish", "attention_type", "foo"), ("fish", "head_dim", 3.0), ("fish", "fish_noise_init", "0.1"),
+    ("nprf", "attention_type", "foo"), ("nprf", "num_random_features", 16.0), ("nprf", "normalize_qk", 1),
+    ("nprf", "feature_redraw_interval", -1), ("nprf", "head_dim", 3.0),
+]
+
+
+def _family(name):
+    from hf_mgk import FiSHGPT2Model, MGKBertModel, NPRFRobertaModel
+    return {"mgk": (MGKBertConfig, MGKBertModel, ENCODER), "fish": (FiSHGPT2Config, FiSHGPT2Model, GPT2),
+            "nprf": (NPRFRobertaConfig, NPRFRobertaModel, ENCODER)}[name]
+
+
+@pytest.fixture(scope="module")
+def saved_folders(tmp_path_factory):
+    folders = {}
+    for name in ("mgk", "fish", "nprf"):
+        config_cls, model_cls, sizes = _family(name)
+        folders[name] = tmp_path_factory.mktemp(name)
+        model_cls(config_cls(**sizes)).save_pretrained(folders[name])
+    return folders
+
+
+@pytest.mark.parametrize("family,field,value", BAD_FIELDS, ids=[f"{f}-{k}={v!r}" for f, k, v in BAD_FIELDS])
+def test_every_path_that_makes_a_config_checks_the_field(family, field, value, saved_folders, tmp_path):
+    import json
+
+    from transformers import AutoConfig, AutoModel
+
+    config_cls, model_cls, sizes = _family(family)
+    folder = saved_folders[family]
+    makers = {
+        "constructor": lambda: config_cls(**{**sizes, field: value}),
+        "config.from_pretrained": lambda: config_cls.from_pretrained(folder, **{field: value}),
+        "AutoConfig.from_pretrained": lambda: AutoConfig.from_pretrained(folder, **{field: value}),
+        "model.from_pretrained": lambda: model_cls.from_pretrained(folder, **{field: value}),
+        "AutoModel.from_pretrained": lambda: AutoModel.from_pretrained(folder, **{field: value}),
+    }
+    edited = tmp_path / "edited"
+    edited.mkdir()
+    config_json = json.loads((folder / "config.json").read_text())
+    (edited / "config.json").write_text(json.dumps({**config_json, field: value}))
+    makers["hand-edited config.json"] = lambda: AutoConfig.from_pretrained(edited)
+    for path, make in makers.items():
+        with pytest.raises(ValueError, match=field):
+            make()
+            pytest.fail(f"{path} accepted {field}={value!r}")
+
+
+@pytest.mark.parametrize("family,field,value", [("mgk", "mgk_prior", "bogus"), ("fish", "num_global_heads", 0),
+                                                ("nprf", "use_rpe", "no")])
+def test_a_field_set_by_hand_is_checked_before_saving(family, field, value, tmp_path):
+    """The re-saved folder would not load: refuse to write it, naming the field, and leave no config.json."""
+    config_cls, _, sizes = _family(family)
+    config = config_cls(**sizes)
+    setattr(config, field, value)
+    with pytest.raises(ValueError, match=field):
+        config.save_pretrained(tmp_path)
+    assert not (tmp_path / "config.json").exists()
+
+
+def test_keyword_paths_still_apply_good_values(saved_folders):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(saved_folders["mgk"], mgk_prior="em", mgk_variances=[1, 5])
+    assert config.mgk_prior == "em" and config.mgk_variances == [1.0, 5.0]
+    assert all(type(v) is float for v in config.mgk_variances)
+    config, unused = MGKBertConfig.from_pretrained(saved_folders["mgk"], num_keys=3, mgk_variances=[1.0, 2.0, 4.0],
+                                                   keep_heads=[0], return_unused_kwargs=True)
+    assert config.num_keys == 3 and unused == {"keep_heads": [0]}
+    with pytest.raises(ValueError, match=r"mgk_variances must have num_keys=3 entries"):
+        MGKBertConfig.from_pretrained(saved_folders["mgk"], num_keys=3)  # the saved [1, 3] no longer fits
+    assert FiSHGPT2Config.from_pretrained(saved_folders["fish"], num_global_heads=3).num_global_heads == 3
+    # a new head count keeps the saved head size (32 / 4 = 8), as the warm start with fewer heads does
+    config = NPRFRobertaConfig.from_pretrained(saved_folders["nprf"], num_attention_heads=3)
+    assert (config.num_attention_heads, config.head_dim) == (3, 8)
+    assert NPRFRobertaConfig.from_pretrained(saved_folders["nprf"], num_attention_heads=4).head_dim is None

@@ -2,6 +2,36 @@
 
 Standard library only: this file travels next to the remote-code configuration files."""
 
+import math
+
+
+class ValidatedConfig:
+    """Mixin (listed before the transformers config class): the config's `check_fields()` runs on every path that
+    makes or saves one. Direct construction runs it from the config's own initialisation, `save_pretrained` before
+    writing. `from_pretrained(path, field=value)` (of a model, the config or `AutoConfig`) builds the config from
+    config.json and then *sets* the keyword fields as attributes in transformers' `from_dict`, which no
+    constructor check sees: so `from_dict` checks again."""
+
+    def check_fields(self):
+        """Check every field of this family (and fill defaults derived from other fields); ValueError naming it."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        if "num_attention_heads" in kwargs and kwargs.get("head_dim", config_dict.get("head_dim")) is None:
+            # A new head count given when loading a checkpoint keeps its head size, as the model's warm start with
+            # fewer heads does (modeling_warm_start.py): the new count need not divide the hidden size.
+            saved = cls(**dict(config_dict))
+            if kwargs["num_attention_heads"] != saved.num_attention_heads:
+                kwargs["head_dim"] = saved.attention_head_size
+        made = super().from_dict(config_dict, **kwargs)
+        (made[0] if isinstance(made, tuple) else made).check_fields()  # a tuple with return_unused_kwargs=True
+        return made
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        self.check_fields()  # a field set by hand after construction: never write a config.json that cannot load
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
 
 def check_choice(name, value, allowed):
     if value not in allowed:
@@ -22,6 +52,14 @@ def check_float_range(name, value, low, high, *, low_inclusive=True):
     if not ok:
         bracket = "[" if low_inclusive else "("
         raise ValueError(f"{name} must be a number in {bracket}{low}, {high}]; got {value!r}")
+
+
+def check_positive_numbers(name, values):
+    """A list of finite numbers > 0. Ints and floats only: strings and bools are refused, not converted."""
+    ok = isinstance(values, (list, tuple)) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in values)
+    if not ok:
+        raise ValueError(f"{name} must be a list of finite numbers > 0; got {values!r}")
 
 
 def check_bool(name, value):

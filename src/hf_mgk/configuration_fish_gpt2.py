@@ -2,12 +2,12 @@
 
 from transformers.models.gpt2.configuration_gpt2 import GPT2Config
 
-from .config_checks import check_choice, check_float_range, check_head_dim, check_int_range
+from .config_checks import ValidatedConfig, check_choice, check_float_range, check_head_dim, check_int_range
 
 FISH_ATTENTION_TYPES = ("softmax", "fish", "hard_fish", "gfish", "hard_gfish", "mish")
 
 
-class FiSHGPT2Config(GPT2Config):
+class FiSHGPT2Config(ValidatedConfig, GPT2Config):
     r"""Every [`GPT2Config`] field, plus:
 
     attention_type (`str`, defaults to `"fish"`):
@@ -29,6 +29,9 @@ class FiSHGPT2Config(GPT2Config):
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
+        self.check_fields()
+
+    def check_fields(self):
         check_choice("attention_type", self.attention_type, FISH_ATTENTION_TYPES)
         check_head_dim(self.n_embd, self.n_head, self.head_dim, names=("n_embd", "n_head"))
         check_int_range("n_positions", self.n_positions, 1)
@@ -36,6 +39,8 @@ class FiSHGPT2Config(GPT2Config):
             if self.n_head < 2:
                 raise ValueError(f"attention_type={self.attention_type!r} needs n_head >= 2 local heads; got {self.n_head}")
             check_int_range("num_global_heads", self.num_global_heads, 1, self.n_head - 1)
+        else:
+            check_int_range("num_global_heads", self.num_global_heads, 1)  # unused by softmax, but saved
         check_float_range("fish_noise_init", self.fish_noise_init, 0, float("inf"))
 
     @property

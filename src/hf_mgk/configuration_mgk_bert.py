@@ -2,13 +2,19 @@
 
 from transformers.models.bert.configuration_bert import BertConfig
 
-from .config_checks import check_choice, check_head_dim, check_int_range
+from .config_checks import (
+    ValidatedConfig,
+    check_choice,
+    check_head_dim,
+    check_int_range,
+    check_positive_numbers,
+)
 
 
 MGK_ATTENTION_TYPES = ("softmax", "mgk", "smgk", "mlk", "smlk")
 
 
-class MGKBertConfig(BertConfig):
+class MGKBertConfig(ValidatedConfig, BertConfig):
     r"""Every [`BertConfig`] field, plus:
 
     attention_type (`str`, defaults to `"mgk"`):
@@ -38,6 +44,9 @@ class MGKBertConfig(BertConfig):
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
+        self.check_fields()
+
+    def check_fields(self):
         check_choice("attention_type", self.attention_type, MGK_ATTENTION_TYPES)
         check_int_range("num_keys", self.num_keys, 1)
         check_choice("e_step", self.e_step, ("soft", "hard"))
@@ -51,14 +60,13 @@ class MGKBertConfig(BertConfig):
             )
         if self.mgk_variances is None:
             self.mgk_variances = [1.0 + 2.0 * r for r in range(self.num_keys)]
-        self.mgk_variances = [float(v) for v in self.mgk_variances]
+        check_positive_numbers("mgk_variances", self.mgk_variances)
         if len(self.mgk_variances) != self.num_keys:
             raise ValueError(
                 f"mgk_variances must have num_keys={self.num_keys} entries (one sigma^2 / sqrt(head_dim) per key), "
                 f"got {len(self.mgk_variances)}: {self.mgk_variances}"
             )
-        if any(not v > 0 for v in self.mgk_variances):
-            raise ValueError(f"mgk_variances must all be > 0, got {self.mgk_variances}")
+        self.mgk_variances = [float(v) for v in self.mgk_variances]  # numbers only (checked), saved as floats
 
     @property
     def attention_head_size(self) -> int:

@@ -2,10 +2,10 @@
 
 from transformers.models.roberta.configuration_roberta import RobertaConfig
 
-from .config_checks import check_bool, check_choice, check_head_dim, check_int_range
+from .config_checks import ValidatedConfig, check_bool, check_choice, check_head_dim, check_int_range
 
 
-class NPRFRobertaConfig(RobertaConfig):
+class NPRFRobertaConfig(ValidatedConfig, RobertaConfig):
     r"""Every [`RobertaConfig`] field, plus:
 
     attention_type (`str`, defaults to `"nprf"`): `"softmax"` (stock RoBERTa attention, the baseline) or `"nprf"`
@@ -42,6 +42,9 @@ class NPRFRobertaConfig(RobertaConfig):
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
+        self.check_fields()
+
+    def check_fields(self):
         check_choice("attention_type", self.attention_type, ("softmax", "nprf"))
         check_bool("normalize_qk", self.normalize_qk)
         check_bool("use_rpe", self.use_rpe)
