@@ -174,3 +174,44 @@ def test_autocast_stays_finite(dtype):
                                 attention_mask=mask, is_causal=True)
             assert torch.isfinite(out.float()).all()
         assert torch.isfinite(mlk_attention(q, k, v, log_prior=lp, attention_mask=mask).float()).all()
+
+
+def _mlk_long_inputs(n, dtype):
+    """Queries and keys around +1, so phi = elu + 1 is ~2 per entry: the normaliser phi(q)^T Z is ~4 * D * N,
+    past float16's largest value (65504) from N = 512 with D = 32."""
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 2, n, 32) + 1, torch.randn(2, 2, 2, n, 32) + 1
+    v = torch.randn(2, 2, n, 32)
+    mask = torch.ones(2, n, dtype=torch.bool)
+    mask[1, n - 100:] = False
+    return [t.to(dtype) for t in (q, k, v)], torch.log_softmax(torch.randn(2, 2), -1), mask
+
+
+@pytest.mark.parametrize("n", [1024, 2048])
+@pytest.mark.parametrize("dtype,rtol", [(torch.float16, 2e-3), (torch.bfloat16, 8e-3)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_mlk_half_precision_matches_float32(n, dtype, rtol, causal):
+    """Half inputs: the sums run in float32, so the output is the float64 result up to its own rounding (before:
+    float16 overflowed to outputs of exactly 0, relative error ~1)."""
+    (q, k, v), lp, mask = _mlk_long_inputs(n, dtype)
+    expected = mlk_attention(q.double(), k.double(), v.double(), log_prior=lp.double(), attention_mask=mask,
+                             is_causal=causal)
+    out = mlk_attention(q, k, v, log_prior=lp, attention_mask=mask, is_causal=causal)
+    assert out.dtype == dtype
+    assert_close(out.double(), expected, rtol=rtol, atol=0)
+    if n == 1024:  # the explicit N x S form (output_attentions) too
+        out, weights = mlk_attention(q, k, v, log_prior=lp, attention_mask=mask, is_causal=causal,
+                                     return_weights=True)
+        assert out.dtype == weights.dtype == dtype
+        assert_close(out.double(), expected, rtol=rtol, atol=0)
+        assert_close(weights.double().sum(-1), torch.ones(2, 2, n, dtype=torch.float64), rtol=rtol, atol=0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_mlk_under_autocast_is_the_float32_result(causal):
+    (q, k, v), lp, mask = _mlk_long_inputs(1024, torch.float32)
+    expected = mlk_attention(q, k, v, log_prior=lp, attention_mask=mask, is_causal=causal)
+    for dtype in (torch.bfloat16, torch.float16):
+        with torch.autocast("cpu", dtype=dtype):
+            out = mlk_attention(q, k, v, log_prior=lp, attention_mask=mask, is_causal=causal)
+        assert_close(out, expected, rtol=1e-5, atol=0, msg=str(dtype))

@@ -189,16 +189,26 @@ def _mixed_key_features(keys, log_prior):
     return (_elu1(keys) * prior).sum(dim=2)
 
 
+def _float32(*tensors):
+    """Half-precision tensors as float32 (float64 kept; None passed through): MLK's sums over N positions."""
+    return [None if t is None else t.to(torch.promote_types(t.dtype, torch.float32)) for t in tensors]
+
+
 def mlk_attention_reference(query, keys, value, *, log_prior=None, attention_mask=None, is_causal=False,
                             return_weights=False):
-    """MLK (Sec. 2.4) with the explicit N x S matrix a_ij = phi(q_i).sum_r pi_r phi(k_jr), row-normalised."""
+    """MLK (Sec. 2.4) with the explicit N x S matrix a_ij = phi(q_i).sum_r pi_r phi(k_jr), row-normalised.
+
+    Computed in float32 for half inputs, as `mlk_attention`; the output is the returned (rounded) weights times
+    the values, so the weights stay in the autograd graph (gradient-based attribution)."""
     _check_shapes(query, keys, value)
-    kernel = torch.matmul(_elu1(query), _mixed_key_features(keys, log_prior).transpose(-1, -2))
-    allowed = _allowed(attention_mask, is_causal, query.shape[2], keys.shape[3], query.device)
-    if allowed is not None:
-        kernel = kernel * allowed
-    weights = kernel / kernel.sum(-1, keepdim=True).clamp_min(torch.finfo(kernel.dtype).tiny)
-    out = torch.matmul(weights, value)
+    with torch.autocast(query.device.type, enabled=False):
+        q, k, v, log_prior = _float32(query, keys, value, log_prior)
+        kernel = torch.matmul(_elu1(q), _mixed_key_features(k, log_prior).transpose(-1, -2))
+        allowed = _allowed(attention_mask, is_causal, query.shape[2], keys.shape[3], query.device)
+        if allowed is not None:
+            kernel = kernel * allowed
+        weights = (kernel / kernel.sum(-1, keepdim=True).clamp_min(torch.finfo(kernel.dtype).tiny)).to(query.dtype)
+        out = torch.matmul(weights.to(v.dtype), v).to(query.dtype)
     return (out, weights) if return_weights else out
 
 
@@ -206,23 +216,34 @@ def mlk_attention(query, keys, value, *, log_prior=None, attention_mask=None, is
                   return_weights=False):
     """Mixture of linear keys, phi = elu + 1, in O(N): h_i = phi(q_i)^T KV / phi(q_i)^T Z.
 
-    Non-causal: KV = sum_j phi_j v_j^T and Z = sum_j phi_j; causal: the same as prefix sums over j."""
+    Non-causal: KV = sum_j phi_j v_j^T and Z = sum_j phi_j; causal: the same as prefix sums over j.
+    The sums run in float32 whatever the input dtype or autocast (output in the query's dtype): Z and the
+    normaliser phi(q_i)^T Z grow with N and overflow float16 from N ~ 1k (outputs 0 or NaN), and bfloat16
+    prefix sums lose the later terms."""
     _check_shapes(query, keys, value)
     if return_weights:
         return mlk_attention_reference(query, keys, value, log_prior=log_prior, attention_mask=attention_mask,
                                        is_causal=is_causal, return_weights=True)
     n, s = query.shape[2], keys.shape[3]
-    phi_q = _elu1(query)
-    phi_k = _mixed_key_features(keys, log_prior)
-    if attention_mask is not None:
-        phi_k = phi_k * attention_mask[:, None, :, None].to(phi_k.dtype)
-    tiny = torch.finfo(query.dtype).tiny
-    if not is_causal:
-        kv = torch.matmul(phi_k.transpose(-1, -2), value)                                # (B,H,D,Dv)
-        z = phi_k.sum(dim=2)                                                              # (B,H,D)
-        num = torch.matmul(phi_q, kv)
-        den = (phi_q * z[:, :, None, :]).sum(-1, keepdim=True)
-        return num / den.clamp_min(tiny)
+    with torch.autocast(query.device.type, enabled=False):
+        q, k, value, log_prior = _float32(query, keys, value, log_prior)
+        phi_q = _elu1(q)
+        phi_k = _mixed_key_features(k, log_prior)
+        if attention_mask is not None:
+            phi_k = phi_k * attention_mask[:, None, :, None].to(phi_k.dtype)
+        tiny = torch.finfo(phi_q.dtype).tiny
+        if not is_causal:
+            kv = torch.matmul(phi_k.transpose(-1, -2), value)                            # (B,H,D,Dv)
+            z = phi_k.sum(dim=2)                                                          # (B,H,D)
+            num = torch.matmul(phi_q, kv)
+            den = (phi_q * z[:, :, None, :]).sum(-1, keepdim=True)
+        else:
+            # Prefix sums; queries are the last N of S positions (bottom-right alignment for cached decoding).
+            kv = torch.cumsum(phi_k[..., :, None] * value[..., None, :], dim=2)[:, :, s - n:]  # (B,H,N,D,Dv)
+            z = torch.cumsum(phi_k, dim=2)[:, :, s - n:]
+            num = torch.einsum("bhnd,bhnde->bhne", phi_q, kv)
+            den = (phi_q * z).sum(-1, keepdim=True)
+        return (num / den.clamp_min(tiny)).to(query.dtype)
     # Prefix sums; queries are the last N of S positions (bottom-right alignment for cached decoding).
     kv = torch.cumsum(phi_k[..., :, None] * value[..., None, :], dim=2)[:, :, s - n:]     # (B,H,N,D,Dv)
     z = torch.cumsum(phi_k, dim=2)[:, :, s - n:]
