@@ -2,6 +2,8 @@
 
 Imports torch only: this file travels next to the remote-code model files."""
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -33,10 +35,58 @@ def check_sequence_length(length, max_positions, field="max_position_embeddings"
         )
 
 
+def output_requested(config, name, value):
+    """Whether an optional output (`name`: "output_attentions", "output_hidden_states") is asked for: `value`, the
+    forward's keyword, or else the config's flag."""
+    return bool(getattr(config, name, False) if value is None else value)
+
+
 def wants_attentions(config, kwargs):
     """Whether the caller asked for attention matrices (as a forward kwarg, or through the config)."""
-    flag = kwargs.get("output_attentions")
-    return bool(config.output_attentions if flag is None else flag)
+    return output_requested(config, "output_attentions", kwargs.get("output_attentions"))
+
+
+def can_return_tuple(forward):
+    """`return_dict=False` (the forward's keyword, else the config's `return_dict`) gives the output as a tuple of
+    its fields that are not None, as every HF model does."""
+
+    @functools.wraps(forward)
+    def wrapper(self, *args, return_dict=None, **kwargs):
+        output = forward(self, *args, **kwargs)
+        if return_dict is None:
+            return_dict = getattr(self.config, "return_dict", True)
+        return output if return_dict else output.to_tuple()
+
+    return wrapper
+
+
+def is_checkpointing(model):
+    """Whether activation (gradient) checkpointing is on: `gradient_checkpointing_enable()` sets this flag on the
+    layers."""
+    return any(getattr(module, "gradient_checkpointing", False) for module in model.modules())
+
+
+def resolve_use_cache(model, use_cache):
+    """As HF models: the config's `use_cache` unless given, and no cache in training under activation
+    checkpointing (the recomputation in backward would write it a second time)."""
+    if use_cache is None:
+        use_cache = getattr(model.config, "use_cache", False)
+    return bool(use_cache) and not (model.training and is_checkpointing(model))
+
+
+def run_layers(layers, hidden_states, *args, output_hidden_states=False, **kwargs):
+    """Run the blocks in turn; each returns (hidden_states, attention weights or None). Returns the last hidden
+    state, the hidden states (the input, then each block's output) when asked for, and the attention weights of
+    every block when the blocks returned them (None otherwise)."""
+    all_hidden = [hidden_states] if output_hidden_states else None
+    all_weights = []
+    for layer in layers:
+        hidden_states, weights = layer(hidden_states, *args, **kwargs)
+        if all_hidden is not None:
+            all_hidden.append(hidden_states)
+        if weights is not None:
+            all_weights.append(weights)
+    return hidden_states, all_hidden and tuple(all_hidden), tuple(all_weights) if all_weights else None
 
 
 def classification_loss(config, logits, labels, num_items_in_batch=None):

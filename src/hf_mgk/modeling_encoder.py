@@ -10,6 +10,8 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.bert.modeling_bert import BertIntermediate, BertOutput
 from transformers.pytorch_utils import apply_chunking_to_forward
 
+from .modeling_common import run_layers
+
 
 class EncoderSelfOutput(nn.Module):
     """BERT's attention output block; the projection maps H * head_dim (not necessarily hidden_size) back."""
@@ -44,8 +46,9 @@ class EncoderLayer(GradientCheckpointingLayer):
         self.output = BertOutput(config)
 
     def forward(self, hidden_states, attention_mask=None, **kwargs):
-        attention_output, _ = self.attention(hidden_states, attention_mask, **kwargs)
-        return apply_chunking_to_forward(self.feed_forward_chunk, self.chunk_size_feed_forward, 1, attention_output)
+        attention_output, weights = self.attention(hidden_states, attention_mask, **kwargs)
+        output = apply_chunking_to_forward(self.feed_forward_chunk, self.chunk_size_feed_forward, 1, attention_output)
+        return output, weights
 
     def feed_forward_chunk(self, attention_output):
         return self.output(self.intermediate(attention_output), attention_output)
@@ -58,7 +61,7 @@ class Encoder(nn.Module):
             EncoderLayer(config, self_attention_class, layer_idx=i) for i in range(config.num_hidden_layers)
         )
 
-    def forward(self, hidden_states, attention_mask=None, **kwargs):
-        for layer in self.layer:
-            hidden_states = layer(hidden_states, attention_mask, **kwargs)
-        return hidden_states
+    def forward(self, hidden_states, attention_mask=None, output_hidden_states=False, **kwargs):
+        """(last hidden state, all hidden states or None, attention weights or None): see `run_layers`."""
+        return run_layers(self.layer, hidden_states, attention_mask, output_hidden_states=output_hidden_states,
+                          **kwargs)

@@ -7,15 +7,12 @@ is converted on load (its first M heads become the global Q/K heads). The math l
 Imports: torch, transformers and siblings only (remote code).
 """
 
-import dataclasses
 import math
 import re
 
 import torch
 from torch import nn
-from transformers import initialization as init
 from transformers.cache_utils import DynamicCache
-from transformers.configuration_utils import PreTrainedConfig
 from transformers.generation import GenerationMixin
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -25,21 +22,25 @@ from transformers.modeling_outputs import (
 from transformers.modeling_utils import PreTrainedModel
 from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
 from transformers.pytorch_utils import Conv1D
-from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
-from transformers.utils.output_capturing import capture_outputs
 
 from .attention_fish import fish_attention, make_gfish_mixing
 from .configuration_fish_gpt2 import FiSHGPT2Config
 from .modeling_common import (
     AutoMapMixin,
+    can_return_tuple,
     check_sequence_length,
     classification_loss,
+    is_checkpointing,
+    output_requested,
     padding_mask_from,
+    resolve_use_cache,
+    run_layers,
     softmax_attention,
     wants_attentions,
 )
 from .modeling_heads import CausalLMHeadMixin
 from .modeling_warm_start import head_index, hub_kwargs, report_kept_heads, resolve_keep_heads, single_device
+from .transformers_compat import PreTrainedConfig, init
 
 
 class FiSHGPT2Attention(nn.Module):
@@ -110,9 +111,9 @@ class FiSHGPT2Block(GradientCheckpointingLayer):
         self.mlp = GPT2MLP(inner, config)
 
     def forward(self, hidden_states, past_key_values=None, attention_mask=None, **kwargs):
-        attn_output, _ = self.attn(self.ln_1(hidden_states), past_key_values, attention_mask, **kwargs)
+        attn_output, weights = self.attn(self.ln_1(hidden_states), past_key_values, attention_mask, **kwargs)
         hidden_states = hidden_states + attn_output
-        return hidden_states + self.mlp(self.ln_2(hidden_states))
+        return hidden_states + self.mlp(self.ln_2(hidden_states)), weights
 
 
 class FiSHGPT2PreTrainedModel(AutoMapMixin, PreTrainedModel):
@@ -124,7 +125,6 @@ class FiSHGPT2PreTrainedModel(AutoMapMixin, PreTrainedModel):
     _no_split_modules = ["FiSHGPT2Block"]
     _skip_keys_device_placement = ["past_key_values"]
     _keys_to_ignore_on_load_unexpected = [r"attn\.bias", r"attn\.masked_bias"]  # old GPT-2 checkpoints' buffers
-    _can_record_outputs = {"hidden_states": FiSHGPT2Block, "attentions": FiSHGPT2Attention}
     _stock_gpt2_class = "GPT2Model"  # the stock class with the same head, which loads a stock checkpoint for us
     _auto_map = {
         "AutoModel": "FiSHGPT2Model",
@@ -200,7 +200,8 @@ def _from_stock_gpt2(cls, path, config_dict, kwargs, keep_heads=None):
         fish_kwargs.setdefault("num_global_heads", len(kept[0]))
     stock, info = getattr(transformers, cls._stock_gpt2_class).from_pretrained(path, output_loading_info=True,
                                                                                 **stock_kwargs)
-    keep = {f.name for f in dataclasses.fields(FiSHGPT2Config)} - {"model_type", "architectures", "auto_map"}
+    keep = set(FiSHGPT2Config().to_dict()) - {"model_type", "architectures", "auto_map", "_name_or_path",
+                                              "transformers_version"}  # the fields (a dataclass only on v5)
     base = {k: v for k, v in stock.config.to_dict().items() if k in keep}
     config = FiSHGPT2Config(**{**base, **fish_kwargs})
     stock_dim = d // n_head
@@ -251,10 +252,9 @@ class FiSHGPT2Model(FiSHGPT2PreTrainedModel):
     def set_input_embeddings(self, new_embeddings):
         self.wte = new_embeddings
 
-    @merge_with_config_defaults
-    @capture_outputs
+    @can_return_tuple
     def forward(self, input_ids=None, past_key_values=None, attention_mask=None, token_type_ids=None,
-                position_ids=None, inputs_embeds=None, use_cache=None, **kwargs):
+                position_ids=None, inputs_embeds=None, use_cache=None, output_hidden_states=None, **kwargs):
         """attention_mask covers the cached and the new tokens (batch, past + new), as `generate()` passes it.
         With left padding, pass position_ids (generate() derives them from the mask)."""
         if (input_ids is None) == (inputs_embeds is None):
@@ -262,6 +262,7 @@ class FiSHGPT2Model(FiSHGPT2PreTrainedModel):
         if inputs_embeds is None:
             inputs_embeds = self.wte(input_ids)
         batch, length = inputs_embeds.shape[:2]
+        use_cache = resolve_use_cache(self, use_cache)
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
@@ -275,11 +276,16 @@ class FiSHGPT2Model(FiSHGPT2PreTrainedModel):
             hidden_states = hidden_states + self.wte(token_type_ids)
         hidden_states = self.drop(hidden_states)
         mask = padding_mask_from(attention_mask, (batch, past + length))
-        cache = past_key_values if not (self.is_activation_checkpointing and self.training) else None
-        for block in self.h:
-            hidden_states = block(hidden_states, cache, mask, **kwargs)
-        return BaseModelOutputWithPast(last_hidden_state=self.ln_f(hidden_states),
-                                       past_key_values=past_key_values if use_cache else None)
+        cache = past_key_values if not (self.training and is_checkpointing(self)) else None
+        output_hidden_states = output_requested(self.config, "output_hidden_states", output_hidden_states)
+        hidden_states, all_hidden, attentions = run_layers(self.h, hidden_states, cache, mask,
+                                                           output_hidden_states=output_hidden_states, **kwargs)
+        hidden_states = self.ln_f(hidden_states)
+        if all_hidden is not None:  # GPT-2's: the last one after the final layer norm
+            all_hidden = all_hidden[:-1] + (hidden_states,)
+        return BaseModelOutputWithPast(last_hidden_state=hidden_states,
+                                       past_key_values=past_key_values if use_cache else None,
+                                       hidden_states=all_hidden, attentions=attentions)
 
 
 class FiSHGPT2LMHeadModel(CausalLMHeadMixin, FiSHGPT2PreTrainedModel, GenerationMixin):

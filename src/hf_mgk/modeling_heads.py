@@ -13,9 +13,8 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
-from transformers.utils.generic import can_return_tuple
 
-from .modeling_common import classification_loss
+from .modeling_common import can_return_tuple, classification_loss
 
 
 def _encode(model, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, kwargs):

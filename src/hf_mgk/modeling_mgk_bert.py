@@ -10,7 +10,6 @@ import math
 
 import torch
 from torch import nn
-from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions
 from transformers.modeling_utils import PreTrainedModel
 from transformers.models.bert.modeling_bert import (
@@ -19,19 +18,19 @@ from transformers.models.bert.modeling_bert import (
     BertOnlyMLMHead,
     BertPooler,
 )
-from transformers.utils.generic import merge_with_config_defaults
-from transformers.utils.output_capturing import capture_outputs
 
 from .attention_mgk import mgk_attention, mgk_responsibilities, mlk_attention
 from .configuration_mgk_bert import MGKBertConfig
 from .modeling_common import (
     AutoMapMixin,
+    can_return_tuple,
     check_sequence_length,
+    output_requested,
     padding_mask_from,
     softmax_attention,
     wants_attentions,
 )
-from .modeling_encoder import Encoder, EncoderLayer
+from .modeling_encoder import Encoder
 from .modeling_heads import (
     MaskedLMHeadMixin,
     QuestionAnsweringHeadMixin,
@@ -39,6 +38,7 @@ from .modeling_heads import (
     TokenClassificationHeadMixin,
 )
 from .modeling_warm_start import ENCODER_HEAD_TENSORS, HeadSelectionMixin
+from .transformers_compat import init
 
 
 class MGKBertSelfAttention(nn.Module):
@@ -147,7 +147,6 @@ class MGKBertPreTrainedModel(HeadSelectionMixin, AutoMapMixin, PreTrainedModel):
     supports_gradient_checkpointing = True
     _supports_sdpa = True  # accepted so `attn_implementation="sdpa"` does not fail; `attention_type` decides
     _no_split_modules = ["BertEmbeddings", "EncoderLayer"]
-    _can_record_outputs = {"hidden_states": EncoderLayer, "attentions": MGKBertSelfAttention}
     _auto_map = {
         "AutoModel": "MGKBertModel",
         "AutoModelForMaskedLM": "MGKBertForMaskedLM",
@@ -206,10 +205,9 @@ class MGKBertModel(MGKBertPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embeddings.word_embeddings = value
 
-    @merge_with_config_defaults
-    @capture_outputs
+    @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, **kwargs):
+                inputs_embeds=None, output_hidden_states=None, **kwargs):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
         shape = input_ids.shape if input_ids is not None else inputs_embeds.shape[:-1]
@@ -218,10 +216,13 @@ class MGKBertModel(MGKBertPreTrainedModel):
         embedding_output = self.embeddings(input_ids=input_ids, position_ids=position_ids,
                                            token_type_ids=token_type_ids, inputs_embeds=inputs_embeds)
         mask = padding_mask_from(attention_mask, shape)
-        sequence_output = self.encoder(embedding_output, mask, **kwargs)
+        output_hidden_states = output_requested(self.config, "output_hidden_states", output_hidden_states)
+        sequence_output, hidden_states, attentions = self.encoder(embedding_output, mask,
+                                                                  output_hidden_states=output_hidden_states, **kwargs)
         pooled_output = self.pooler(sequence_output) if self.pooler is not None else None
         return BaseModelOutputWithPoolingAndCrossAttentions(last_hidden_state=sequence_output,
-                                                            pooler_output=pooled_output)
+                                                            pooler_output=pooled_output, hidden_states=hidden_states,
+                                                            attentions=attentions)
 
 
 class MGKBertForMaskedLM(MaskedLMHeadMixin, MGKBertPreTrainedModel):

@@ -10,25 +10,25 @@ Imports: torch, transformers and siblings only (remote code).
 
 import torch
 from torch import nn
-from transformers import initialization as init
 from transformers.cache_utils import DynamicCache
 from transformers.generation import GenerationMixin
 from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions
 from transformers.modeling_utils import PreTrainedModel
 from transformers.models.roberta.modeling_roberta import RobertaClassificationHead, RobertaLMHead, RobertaPooler
-from transformers.utils.generic import merge_with_config_defaults
-from transformers.utils.output_capturing import capture_outputs
 
 from .attention_nprf import draw_features, nprf_attention, rpe_bias_from_buckets, t5_constant_distance
 from .configuration_nprf_roberta import NPRFRobertaConfig
 from .modeling_common import (
     AutoMapMixin,
+    can_return_tuple,
     check_sequence_length,
+    output_requested,
     padding_mask_from,
+    resolve_use_cache,
     softmax_attention,
     wants_attentions,
 )
-from .modeling_encoder import Encoder, EncoderLayer
+from .modeling_encoder import Encoder
 from .modeling_heads import (
     CausalLMHeadMixin,
     MaskedLMHeadMixin,
@@ -36,6 +36,7 @@ from .modeling_heads import (
     SequenceClassificationHeadMixin,
 )
 from .modeling_warm_start import ENCODER_HEAD_TENSORS, HeadSelectionMixin
+from .transformers_compat import init
 
 
 def feature_generator(config, layer_idx, draw):
@@ -203,7 +204,6 @@ class NPRFRobertaPreTrainedModel(HeadSelectionMixin, AutoMapMixin, PreTrainedMod
     _supports_sdpa = True  # accepted so `attn_implementation="sdpa"` does not fail; `attention_type` decides
     _no_split_modules = ["NPRFRobertaEmbeddings", "EncoderLayer"]
     _keys_to_ignore_on_load_unexpected = [r"embeddings\.position_ids", r"embeddings\.token_type_ids"]
-    _can_record_outputs = {"hidden_states": EncoderLayer, "attentions": NPRFRobertaSelfAttention}
     _auto_map = {
         "AutoModel": "NPRFRobertaModel",
         "AutoModelForMaskedLM": "NPRFRobertaForMaskedLM",
@@ -243,14 +243,13 @@ class NPRFRobertaModel(NPRFRobertaPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embeddings.word_embeddings = value
 
-    @merge_with_config_defaults
-    @capture_outputs
+    @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, past_key_values=None, use_cache=None, **kwargs):
+                inputs_embeds=None, past_key_values=None, use_cache=None, output_hidden_states=None, **kwargs):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
         shape = input_ids.shape if input_ids is not None else inputs_embeds.shape[:-1]
-        use_cache = bool(use_cache) and self.config.is_decoder
+        use_cache = resolve_use_cache(self, use_cache) and self.config.is_decoder
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
@@ -259,12 +258,14 @@ class NPRFRobertaModel(NPRFRobertaPreTrainedModel):
                 layer.attention.self.count_forward()
         embedding_output = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, past)
         mask = padding_mask_from(attention_mask, (shape[0], past + shape[1]))
-        sequence_output = self.encoder(embedding_output, mask, past_key_values=past_key_values,
-                                       relative_position=getattr(self, "relative_position", None), **kwargs)
+        sequence_output, hidden_states, attentions = self.encoder(
+            embedding_output, mask, past_key_values=past_key_values,
+            relative_position=getattr(self, "relative_position", None),
+            output_hidden_states=output_requested(self.config, "output_hidden_states", output_hidden_states), **kwargs)
         pooled_output = self.pooler(sequence_output) if self.pooler is not None else None
         return BaseModelOutputWithPoolingAndCrossAttentions(
             last_hidden_state=sequence_output, pooler_output=pooled_output,
-            past_key_values=past_key_values if use_cache else None)
+            past_key_values=past_key_values if use_cache else None, hidden_states=hidden_states, attentions=attentions)
 
 
 class NPRFRobertaForMaskedLM(MaskedLMHeadMixin, NPRFRobertaPreTrainedModel):
@@ -306,15 +307,17 @@ class NPRFRobertaForCausalLM(CausalLMHeadMixin, NPRFRobertaPreTrainedModel, Gene
     get_output_embeddings = NPRFRobertaForMaskedLM.get_output_embeddings
     set_output_embeddings = NPRFRobertaForMaskedLM.set_output_embeddings
 
-    def _prepare_position_ids_for_generation(self, inputs_tensor, model_kwargs):
-        """generate() numbers real tokens 0, 1, ...; RoBERTa's table starts at padding_idx + 1 and gives padding
-        padding_idx. Later steps add 1 to the last position, so converting once keeps the whole run consistent."""
-        position_ids = super()._prepare_position_ids_for_generation(inputs_tensor, model_kwargs)
-        pad = self.config.pad_token_id
-        mask = model_kwargs.get("attention_mask")
-        if mask is None:
-            return position_ids + pad + 1
-        return torch.where(mask.bool(), position_ids + pad + 1, torch.full_like(position_ids, pad))
+    def prepare_inputs_for_generation(self, input_ids, *args, **kwargs):
+        """generate() numbers real tokens 0, 1, ... (each transformers release its own way); RoBERTa's table
+        starts at padding_idx + 1 and gives padding padding_idx. So the positions of each step's new tokens are
+        counted here from the mask of every token so far (`input_ids` holds them all)."""
+        inputs = super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
+        mask = kwargs.get("attention_mask")
+        mask = torch.ones_like(input_ids) if mask is None else mask.long()
+        new = inputs.get("input_ids") if inputs.get("input_ids") is not None else inputs["inputs_embeds"]
+        positions = mask.cumsum(-1) * mask + self.config.pad_token_id
+        inputs["position_ids"] = positions[:, -new.shape[1]:]
+        return inputs
 
 
 class NPRFRobertaForSequenceClassification(SequenceClassificationHeadMixin, NPRFRobertaPreTrainedModel):

@@ -14,10 +14,10 @@ import operator
 import re
 
 import torch
-from transformers.configuration_utils import PreTrainedConfig
 from transformers.utils import logging
 
 from .config_checks import check_int_range
+from .transformers_compat import PreTrainedConfig
 
 # Under transformers' logger: formatted like its load report, and silenced by the same `set_verbosity_*` calls.
 logger = logging.get_logger(f"transformers.{__name__}")
