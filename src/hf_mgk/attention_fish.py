@@ -65,8 +65,10 @@ def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, att
       query/key size M*D, flash kernels, O(N) memory);
     * with autograd on the CPU (or with noise), float32/64 outside autocast: the blocked formula with a
       hand-written backward that recomputes the scores per block (_recomputed_attention, O(N) memory).
-    Everything else (MiSH, GFiSH, dropout, weights, autocast): the materialised formula in blocks of query
-    rows through autograd (_blocked_attention), which keeps B * (H + M) * N * S scores for backward.
+    Everything else (MiSH, GFiSH, dropout, autocast): the materialised formula in blocks of query rows
+    through autograd (_blocked_attention), which keeps B * (H + M) * N * S scores for backward. With
+    ``return_weights``, the formula in one piece: the output is the returned weights times V, so the weights
+    are in the autograd graph (gradient-based attribution sees them), as in stock GPT-2's eager attention.
     Measured on the CPU (B=1, H=8, M=2, D=64, causal, forward+backward): the blocked path took 0.60-0.84x
     the fused call's time at N=256-2048 on one thread (it computes M score matrices and mixes them, instead
     of H products over M*D-wide heads); forward only, the fused call took 0.89-1.0x the blocked path's
@@ -98,14 +100,14 @@ def fish_attention_reference(query, key, value, mixing, *, scale=None, noise_std
     eps = _draw_noise(query, mixing, noise_std, H, S, generator)
     hidden, empty = _hidden(N, S, attention_mask, is_causal, query.device)
     out, weights = _materialised(query * scale, key, value, mixing, noise_std, eps, hidden, empty,
-                                 dropout_p)
-    weights = weights.expand(B, H, N, S)
+                                 dropout_p, every_head=True)
     return (out, weights) if return_weights else out
 
 
-def _materialised(query, key, value, mixing, noise_std, eps, hidden, empty, dropout_p):
+def _materialised(query, key, value, mixing, noise_std, eps, hidden, empty, dropout_p, every_head=False):
     """The formula itself (module docstring), for a query already multiplied by the scale; hidden and
-    empty come from _hidden. Returns out (B, H, N, Dv) and weights (B, H or 1, N, S)."""
+    empty come from _hidden. Returns out (B, H, N, Dv) and weights (B, H or 1, N, S); (B, H, N, S) with
+    ``every_head``, the tensor the output is computed from."""
     B, _, N, _ = query.shape
     S = key.shape[2]
     g = torch.matmul(query, key.transpose(-1, -2))  # (B, M, N, S): the global G_k, scaled
@@ -131,8 +133,10 @@ def _materialised(query, key, value, mixing, noise_std, eps, hidden, empty, drop
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
     if empty is not None:
         weights = weights.masked_fill(empty, 0.0)
+    if dropout_p > 0.0 or every_head:
+        weights = weights.expand(B, value.shape[1], N, S)
     if dropout_p > 0.0:  # independent per local head, also where MiSH shares one matrix
-        weights = F.dropout(weights.expand(B, value.shape[1], N, S), p=dropout_p)
+        weights = F.dropout(weights, p=dropout_p)
     return torch.matmul(weights, value), weights
 
 
@@ -142,27 +146,22 @@ def _blocked_attention(query, key, value, mixing, scale, noise_std, eps, attenti
     a block can see (row i sees keys j <= i + S - N) are cut off instead of masked, which skips about
     half the work. Scaling and masks are computed once for all blocks: on a CPU shared with other
     work every extra small op per block can cost a scheduler time slice."""
-    B, _, N, _ = query.shape
-    S = key.shape[2]
-    H = value.shape[1]
+    N, S = query.shape[2], key.shape[2]
     query = query * scale
     hidden, empty = _hidden(N, S, attention_mask, is_causal, query.device)
-    outs, weights = [], []
+    if return_weights:  # all N x S weights are handed out anyway: one block, the output computed from them
+        return _materialised(query, key, value, mixing, noise_std, eps, hidden, empty, dropout_p, every_head=True)
+    outs = []
     for start in range(0, N, _BLOCK_ROWS):
         stop = min(N, start + _BLOCK_ROWS)
         end = min(S, max(1, stop + S - N)) if is_causal else S
-        out, w = _materialised(
+        out, _ = _materialised(
             query[:, :, start:stop], key[:, :, :end], value[:, :, :end], mixing, noise_std,
             None if eps is None else eps[:, :, start:stop, :end],
             None if hidden is None else hidden[:, :, start:stop, :end],
             None if empty is None else empty[:, :, start:stop], dropout_p)
         outs.append(out)
-        if return_weights:
-            weights.append(F.pad(w.expand(B, H, stop - start, end), (0, S - end)))
-    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
-    if not return_weights:
-        return out, None
-    return out, (weights[0] if len(weights) == 1 else torch.cat(weights, dim=2))
+    return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)), None
 
 
 def _recomputed_attention(query, key, value, p, scale, noise_std, eps, attention_mask, is_causal):

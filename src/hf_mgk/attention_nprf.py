@@ -200,13 +200,16 @@ def _nprf_attention(query, key, value, rpe_bias, features, normalize, max_distan
         z = num / den
         if has_key is not None:
             z = torch.where(has_key, z, torch.zeros_like(num))
+        if return_weights:
+            weights = weights / den
+            if has_key is not None:
+                weights = torch.where(has_key, weights, torch.zeros_like(weights))
+            weights = weights.to(query.dtype)
+            # z again, as the returned weights times v (Eq. 10 row by row): the output is then computed from the
+            # tensor handed out, which is in the autograd graph (gradient-based attention attribution).
+            z = weights.to(dtype) @ v
         z = z.to(query.dtype)
-    if return_weights:
-        weights = weights / den
-        if has_key is not None:
-            weights = torch.where(has_key, weights, torch.zeros_like(weights))
-        return z, weights.to(query.dtype)
-    return z
+    return (z, weights) if return_weights else z
 
 
 def _choose_path(BH, N, S, rpe_bias, max_distance, return_weights):
