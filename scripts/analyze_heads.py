@@ -209,8 +209,9 @@ def _table(ax, results, columns):
     cells = [[f"{r['layer_average'][key]:.{digits}f}" for _, key, digits in columns] for r in results]
     table = ax.table(cellText=cells, rowLabels=[r["label"] for r in results],
                      colLabels=[name for name, _, _ in columns], loc="center")
-    table.scale(1, 1.5)
-    ax.set_title("layer average", fontsize=9)
+    table.auto_set_font_size(False)
+    table.set_fontsize(9)
+    table.scale(1, 1.6)
 
 
 def plot_ranks(results, path, plt):
@@ -238,22 +239,23 @@ def plot_ranks(results, path, plt):
 
 
 def plot_distances(results, path, plt):
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [3, 2]})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [3, 1.6]})
     _bars(left, results, "distance_mean", error="distance_variance")
     left.set_ylabel("mean squared L2 distance")
     left.set_title("distance between heads (bar: mean, line: std)", fontsize=9)
-    _table(right, results, [("Mean", "distance_mean", 3), ("Variance", "distance_variance", 3)])
+    _table(right, results, [("mean over layers", "distance_mean", 3),
+                            ("variance over layers", "distance_variance", 3)])
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
 
 
 def plot_components(results, path, variance, plt):
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [3, 2]})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [3, 1.6]})
     _bars(left, results, "principal_components")
     left.set_ylabel("principal components")
     left.set_title(f"components explaining {variance:.0%} of the attention covariance", fontsize=9)
-    _table(right, results, [("Mean", "principal_components", 1)])
+    _table(right, results, [("mean over layers", "principal_components", 1)])
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
@@ -329,7 +331,8 @@ def main(argv=None):
     plot_distances(results, os.path.join(args.output_dir, "head_distances.png"), plt)
     plot_components(results, os.path.join(args.output_dir, "principal_components.png"), args.variance, plt)
     for layer in map_layers:
-        plot_maps(results, maps, layer, args.map_sequence, os.path.join(args.output_dir, f"attention_maps_layer{layer}.png"), plt)
+        path = os.path.join(args.output_dir, f"attention_maps_layer{layer}.png")
+        plot_maps(results, maps, layer, args.map_sequence, path, plt)
     print(f"written to {args.output_dir}")
     return results
 

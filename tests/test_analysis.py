@@ -88,6 +88,9 @@ def test_ranks_of_sequences_of_different_lengths():
     assert analysis.attention_ranks(layer).tolist() == [[1, 5], [3, 1]]
     with pytest.raises(ValueError, match=r"\(H, n, n\)"):
         analysis.attention_ranks([torch.eye(3)[None], torch.eye(3)[None].expand(2, 3, 3)])
+    for empty in ([], torch.zeros(0, 2, 3, 3)):
+        with pytest.raises(ValueError, match="no attention matrices"):
+            analysis.attention_ranks(empty)
 
 
 # ------------------------------------------------------------------------------------------------ distances
@@ -107,7 +110,8 @@ def test_head_distances_in_closed_form():
 
 
 def _brute_force_distances(layer):
-    d = [float(((a[h].double() - a[k].double()) ** 2).sum()) for a in layer for h, k in itertools.combinations(range(len(a)), 2)]
+    d = [float(((a[h].double() - a[k].double()) ** 2).sum())
+         for a in layer for h, k in itertools.combinations(range(len(a)), 2)]
     return np.mean(d), np.var(d)
 
 

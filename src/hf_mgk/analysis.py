@@ -24,6 +24,8 @@ def _items(attn, name):
     if isinstance(attn, torch.Tensor):
         if attn.dim() < 2 or attn.shape[-1] != attn.shape[-2]:
             raise ValueError(f"{name} needs square attention matrices (..., N, N); got shape {tuple(attn.shape)}")
+        if attn.numel() == 0:
+            raise ValueError(f"{name} got no attention matrices (shape {tuple(attn.shape)})")
         return attn
     attn = list(attn)
     if not attn:
