@@ -258,6 +258,30 @@ def test_stock_gpt2_conversion_honours_dtype_and_device_map(tmp_path):
         FiSHGPT2LMHeadModel.from_pretrained(folder, attention_type="fish", device_map="auto")
 
 
+@pytest.mark.parametrize("cls", [FiSHGPT2LMHeadModel, FiSHGPT2ForSequenceClassification])
+def test_from_pretrained_with_no_checkpoint_takes_config_and_state_dict(cls):
+    """HF's `from_pretrained(None, config=..., state_dict=...)`: nothing to read (before: a Hub look-up for None)."""
+    saved = cls(tiny(attention_type="gfish")).eval()
+    model, info = cls.from_pretrained(None, config=saved.config, state_dict=saved.state_dict(),
+                                      output_loading_info=True)
+    assert type(model) is cls and not info["missing_keys"] and not info["unexpected_keys"]
+    state = model.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in saved.state_dict().items())
+    ids = torch.randint(3, 99, (2, 7))
+    assert torch.equal(model.eval()(ids).logits, saved(ids).logits)
+    with pytest.raises(ValueError, match="keep_heads"):  # only a stock GPT-2 checkpoint has heads to choose
+        cls.from_pretrained(None, config=saved.config, state_dict=saved.state_dict(), keep_heads=[0, 1])
+
+
+def test_stock_gpt2_conversion_reports_loading_info(tmp_path):
+    _, folder = _tiny_stock_gpt2(tmp_path)
+    fish, info = FiSHGPT2LMHeadModel.from_pretrained(folder, attention_type="fish", output_loading_info=True)
+    assert info["kept_heads"] == [[0, 1], [0, 1]] and not info["unexpected_keys"]
+    assert info["missing_keys"] == {f"transformer.h.{i}.attn.{n}" for i in (0, 1) for n in ("mixing", "noise_std")}
+    _, info = FiSHGPT2LMHeadModel.from_pretrained(folder, attention_type="softmax", output_loading_info=True)
+    assert not info["missing_keys"] and "kept_heads" not in info
+
+
 def test_sequence_classification_uses_the_last_real_token():
     model = FiSHGPT2ForSequenceClassification(tiny(num_labels=3)).eval()
     ids, mask = left_padded(pad=(0, 0, 0))

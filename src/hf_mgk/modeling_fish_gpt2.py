@@ -167,7 +167,9 @@ class FiSHGPT2PreTrainedModel(AutoMapMixin, PreTrainedModel):
         and, with output_loading_info=True, returned as loading_info["kept_heads"] (one list per layer). Config
         fields (attention_type=..., num_global_heads=...) may be passed as keywords; `dtype` is honoured,
         `device_map` only as a single device."""
-        config_dict, _ = PreTrainedConfig.get_config_dict(pretrained_model_name_or_path, **hub_kwargs(kwargs))
+        config_dict = {}  # None: no checkpoint to read (weights from `state_dict=`, config from `config=`)
+        if pretrained_model_name_or_path is not None:
+            config_dict, _ = PreTrainedConfig.get_config_dict(pretrained_model_name_or_path, **hub_kwargs(kwargs))
         if config_dict.get("model_type") != "gpt2" or kwargs.get("attention_type", "fish") == "softmax":
             if keep_heads is not None:
                 raise ValueError(
