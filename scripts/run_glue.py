@@ -127,18 +127,16 @@ class DataTrainingArguments(training.DataArguments):
 
 def load_data(data_args, model_args, training_args):
     """The raw splits: train, validation, test and, for MNLI, validation_mismatched, test_mismatched, ax."""
-    import datasets
-
     if not data_args.from_glue_hub:
         return training.load_raw_datasets(data_args, model_args, splits=("train", "validation", "test", *MNLI_SPLITS),
                                           extension_map={"csv": "csv", "tsv": "csv", "json": "json", "jsonl": "json"})
     hub = {k: v for k, v in model_args.hub_kwargs().items() if k != "revision"}
-    raw = datasets.load_dataset(data_args.dataset_name, data_args.dataset_config_name, **hub)
+    raw = training.hub_dataset(data_args.dataset_name, data_args.dataset_config_name, **hub)
     for name in list(raw):  # MNLI: validation_matched -> validation, test_matched -> test
         if name.endswith("_matched"):
             raw[name[: -len("_matched")]] = raw.pop(name)
     if data_args.task_name == "mnli" and training_args.do_predict:
-        raw["ax"] = datasets.load_dataset(data_args.dataset_name, "ax", split="test", **hub)
+        raw["ax"] = training.hub_dataset(data_args.dataset_name, "ax", split="test", **hub)
     return raw
 
 

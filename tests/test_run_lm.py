@@ -488,3 +488,13 @@ def test_torchrun_two_processes_match_one(script, family, length_option, texts, 
     two = losses(tmp_path / "two")
     assert len(one) == 3 and len(set(one)) == 3
     assert two == pytest.approx(one, rel=1e-5)
+
+
+def test_a_hub_dataset_without_network_says_so(work, stock_bert_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(ValueError, match="--dataset_name wikitext: the Hugging Face Hub cannot be reached .*"
+                                         "--train_file / --validation_file"):
+        run_mlm.main(["--model_name_or_path", stock_bert_dir, "--dataset_name", "wikitext", "--dataset_config_name",
+                      "wikitext-2-raw-v1", "--do_eval", "--output_dir", str(tmp_path / "out"),
+                      "--cache_dir", str(work / "cache")])
+    assert not (tmp_path / "out").exists()

@@ -329,14 +329,12 @@ def load_raw_datasets(data_args, model_args, extension_map=None, splits=("train"
 
     hub = {k: v for k, v in model_args.hub_kwargs().items() if k != "revision"}
     if data_args.dataset_name is not None:
-        raw = datasets.load_dataset(data_args.dataset_name, data_args.dataset_config_name, **hub)
+        raw = hub_dataset(data_args.dataset_name, data_args.dataset_config_name, **hub)
         if "validation" not in raw:
-            raw["validation"] = datasets.load_dataset(
-                data_args.dataset_name, data_args.dataset_config_name,
-                split=f"train[:{data_args.validation_split_percentage}%]", **hub)
-            raw["train"] = datasets.load_dataset(
-                data_args.dataset_name, data_args.dataset_config_name,
-                split=f"train[{data_args.validation_split_percentage}%:]", **hub)
+            raw["validation"] = hub_dataset(data_args.dataset_name, data_args.dataset_config_name,
+                                            split=f"train[:{data_args.validation_split_percentage}%]", **hub)
+            raw["train"] = hub_dataset(data_args.dataset_name, data_args.dataset_config_name,
+                                       split=f"train[{data_args.validation_split_percentage}%:]", **hub)
         return raw
     extension_map = extension_map or {"txt": "text", "csv": "csv", "tsv": "csv", "json": "json", "jsonl": "json"}
     files = {split: getattr(data_args, f"{split}_file", None) for split in splits}
@@ -367,6 +365,17 @@ def load_raw_datasets(data_args, model_args, extension_map=None, splits=("train"
         raw["validation"] = load(files["train"], f"data[:{pct}%]")
         raw["train"] = load(files["train"], f"data[{pct}%:]")
     return raw
+
+
+def hub_dataset(name, config_name=None, **kwargs):
+    """datasets.load_dataset for --dataset_name, with a clear error when the Hub cannot be reached."""
+    import datasets
+
+    try:
+        return datasets.load_dataset(name, config_name, **kwargs)
+    except ConnectionError as err:
+        raise ValueError(f"--dataset_name {name}: the Hugging Face Hub cannot be reached ({err}); with no network, "
+                         "give local files with --train_file / --validation_file instead") from None
 
 
 def require_columns(dataset, columns, where):
