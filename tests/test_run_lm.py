@@ -498,3 +498,18 @@ def test_a_hub_dataset_without_network_says_so(work, stock_bert_dir, tmp_path, m
                       "wikitext-2-raw-v1", "--do_eval", "--output_dir", str(tmp_path / "out"),
                       "--cache_dir", str(work / "cache")])
     assert not (tmp_path / "out").exists()
+
+
+def test_report_to_tensorboard_logs_the_losses(texts, work, gpt2_dir, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "out"
+    argv = [*new_model("fish-gpt2", gpt2_dir), *common(texts, out, work, steps=3), "--do_train", "--block_size", "32",
+            "--report_to", "tensorboard"]
+    run_clm.main(argv)
+    logged = losses(out)
+    events = [p.parent for p in out.rglob("events.out.tfevents.*")]
+    assert events, "no TensorBoard event file was written"
+    acc = EventAccumulator(str(events[0]))
+    acc.Reload()
+    assert [round(e.value, 4) for e in acc.Scalars("train/loss")] == [round(v, 4) for v in logged]
