@@ -3,11 +3,12 @@
 from transformers.models.gpt2.configuration_gpt2 import GPT2Config
 
 from .config_checks import ValidatedConfig, check_choice, check_float_range, check_head_dim, check_int_range
+from .transformers_compat import ConfigCompat
 
 FISH_ATTENTION_TYPES = ("softmax", "fish", "hard_fish", "gfish", "hard_gfish", "mish")
 
 
-class FiSHGPT2Config(ValidatedConfig, GPT2Config):
+class FiSHGPT2Config(ValidatedConfig, ConfigCompat, GPT2Config):
     r"""Every [`GPT2Config`] field, plus:
 
     attention_type (`str`, defaults to `"fish"`):

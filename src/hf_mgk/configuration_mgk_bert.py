@@ -9,12 +9,13 @@ from .config_checks import (
     check_int_range,
     check_positive_numbers,
 )
+from .transformers_compat import ConfigCompat
 
 
 MGK_ATTENTION_TYPES = ("softmax", "mgk", "smgk", "mlk", "smlk")
 
 
-class MGKBertConfig(ValidatedConfig, BertConfig):
+class MGKBertConfig(ValidatedConfig, ConfigCompat, BertConfig):
     r"""Every [`BertConfig`] field, plus:
 
     attention_type (`str`, defaults to `"mgk"`):

@@ -3,9 +3,10 @@
 from transformers.models.roberta.configuration_roberta import RobertaConfig
 
 from .config_checks import ValidatedConfig, check_bool, check_choice, check_head_dim, check_int_range
+from .transformers_compat import ConfigCompat
 
 
-class NPRFRobertaConfig(ValidatedConfig, RobertaConfig):
+class NPRFRobertaConfig(ValidatedConfig, ConfigCompat, RobertaConfig):
     r"""Every [`RobertaConfig`] field, plus:
 
     attention_type (`str`, defaults to `"nprf"`): `"softmax"` (stock RoBERTa attention, the baseline) or `"nprf"`

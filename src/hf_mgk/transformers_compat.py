@@ -5,6 +5,7 @@ form. Everything else they use is API that all of these releases share.
 Imports torch, transformers and nothing else (remote code)."""
 
 import dataclasses
+import inspect
 import types
 
 import torch
@@ -34,7 +35,7 @@ else:
             for klass in type(self).__mro__:
                 if klass is ConfigCompat:
                     break
-                for name in vars(klass).get("__annotations__", {}):
+                for name in inspect.get_annotations(klass):
                     if name not in fields:
                         fields[name] = kwargs.pop(name) if name in kwargs else getattr(type(self), name)
             super().__init__(**kwargs)
