@@ -153,6 +153,24 @@ def test_m_step_responsibilities():
     assert_close(pi[h], acc / count)
 
 
+def test_m_step_leaves_out_non_finite_pairs():
+    """A NaN query (one position of one row) removes exactly its pairs from the mean; no finite pair: NaN."""
+    q, k, _, lp, mask = _inputs(5, requires_grad=False)
+    var = _variances()
+    bad = q.clone()
+    bad[0, :, 2] = float("nan")
+    pi = mgk_responsibilities(bad, k, variances=var, log_prior=lp, attention_mask=mask)
+    log_gamma = torch.log_softmax(lp[None, :, :, None, None] - (q[:, :, None, :, None] - k[:, :, :, None]).pow(2).sum(-1)
+                                  / (2 * torch.tensor(var)[None, None, :, None, None]), dim=2)  # (B, H, M, N, S)
+    used = mask[:, None, None, None, :].expand(B, 1, 1, 5, 5).clone()
+    used[0, :, :, 2] = False
+    expected = (log_gamma.exp() * used).sum((0, 3, 4)) / used.sum((0, 3, 4))
+    assert torch.isfinite(pi).all()
+    assert_close(pi, expected)
+    bad[:] = float("nan")
+    assert torch.isnan(mgk_responsibilities(bad, k, variances=var, log_prior=lp)).all()
+
+
 def test_bad_arguments_raise_clear_errors():
     q, k, v, lp, _ = _inputs(4, requires_grad=False)
     with pytest.raises(ValueError, match="e_step"):

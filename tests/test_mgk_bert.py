@@ -21,6 +21,7 @@ from transformers import (
 )
 
 from conftest import assert_close
+from hf_mgk.attention_mgk import mgk_responsibilities
 from hf_mgk.hub import assert_same_outputs, check_remote_code, run_without_package, save_for_hub
 from hf_mgk import (
     MGKBertConfig,
@@ -201,21 +202,99 @@ def test_training_step_moves_what_should_learn(kw):
         assert torch.equal(model.state_dict()[prior], frozen_prior)  # never in evaluation
 
 
-@pytest.mark.parametrize("kw", [dict(attention_type="mgk"), dict(attention_type="smgk", e_step="hard")])
+EM = [dict(attention_type="mgk", mgk_prior="em"), dict(attention_type="smlk", mgk_prior="em")]
+
+
+def _priors(model):
+    return {k: v.clone() for k, v in model.state_dict().items() if k.endswith(".prior")}
+
+
+@pytest.mark.parametrize("kw", [dict(attention_type="mgk"), dict(attention_type="smgk", e_step="hard"), *EM])
 def test_gradient_checkpointing_gives_the_same_gradients(kw):
-    ids, mask = batch(pad_from=6)
-    grads = []
+    """Two training steps (so the EM prior of the second is the first's estimate): the same gradients and the same
+    EM prior with and without checkpointing (before: the recomputation in backward ran the M-step again)."""
+    batches = [batch(pad_from=6), batch(pad_from=4)]
+    grads, priors = [], []
     for checkpointing in (False, True):
         torch.manual_seed(0)
         model = MGKBertForMaskedLM(tiny(**kw)).train()
         if checkpointing:
             model.activation_checkpointing_enable()
             assert model.bert.encoder.layer[0].gradient_checkpointing
-        model(ids, attention_mask=mask, labels=ids).loss.backward()
+        for ids, mask in batches:
+            model.zero_grad()
+            model(ids, attention_mask=mask, labels=ids).loss.backward()
         grads.append({k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None})
+        priors.append(_priors(model))
     assert grads[0].keys() == grads[1].keys()
     for k in grads[0]:
         assert_close(grads[1][k], grads[0][k], rtol=1e-5, msg=k)
+    assert priors[0].keys() == priors[1].keys() and (len(priors[0]) > 0) == (kw.get("mgk_prior") == "em")
+    for k in priors[0]:
+        assert torch.equal(priors[1][k], priors[0][k]), k
+
+
+@pytest.mark.parametrize("kw", EM)
+def test_em_prior_used_in_a_forward_is_the_previous_forwards_estimate(kw):
+    """Forward t uses the pi estimated in forward t-1 (its outputs are those of a copy evaluated with that pi), and
+    its own M-step (Eq. 8 with the pi in use, over the valid pairs) is what forward t+1 will use. Evaluation uses
+    the latest estimate and changes nothing."""
+    model = MGKBertForMaskedLM(tiny(**kw)).train()
+    reference = copy.deepcopy(model).eval()  # dropout is 0: train and eval compute the same function
+    inputs = []
+    for layer in model.bert.encoder.layer:
+        layer.attention.self.register_forward_pre_hook(lambda m, args: inputs.append(args[0].detach()))
+    for step, (ids, mask) in enumerate([batch(pad_from=6), batch(pad_from=3), batch()]):
+        used = _priors(model)
+        inputs.clear()
+        logits = model(ids, attention_mask=mask).logits
+        reference.load_state_dict({**reference.state_dict(), **used})
+        with torch.no_grad():
+            assert torch.equal(logits, reference(ids, attention_mask=mask).logits), f"forward {step}"
+        estimated = _priors(model)
+        for i, (layer, hidden) in enumerate(zip(model.bert.encoder.layer, inputs, strict=True)):
+            att = layer.attention.self
+            name = f"bert.encoder.layer.{i}.attention.self.prior"
+            with torch.no_grad():
+                pi = mgk_responsibilities(att._heads(att.query(hidden)), att._keys(hidden), variances=att.variances,
+                                          log_prior=used[name].log(), attention_mask=mask.bool())
+            assert_close(estimated[name], pi, rtol=1e-6, msg=name)
+            assert not torch.equal(estimated[name], used[name])
+    model.eval()(ids, attention_mask=mask)
+    assert all(torch.equal(v, estimated[k]) for k, v in _priors(model).items())
+
+
+@pytest.mark.parametrize("kw", EM)
+def test_em_prior_ignores_a_non_finite_row(kw):
+    """One NaN in one row of a training batch: the other rows' outputs stay finite (as stock BERT's), and every EM
+    prior stays a finite distribution, so the next batch is unharmed (before: every prior, then the model, NaN)."""
+    model = MGKBertForMaskedLM(tiny(**kw)).train()
+    ids, mask = batch(pad_from=6)
+    embeds = model.bert.embeddings.word_embeddings(ids).detach()
+    embeds[0, 2, 5] = float("nan")
+    logits = model(inputs_embeds=embeds, attention_mask=mask).logits
+    assert torch.isfinite(logits[1:]).all() and not torch.isfinite(logits[0]).all()
+    for name, prior in _priors(model).items():
+        assert torch.isfinite(prior).all(), name
+        assert_close(prior.sum(-1), torch.ones(model.config.num_attention_heads), msg=name)
+    assert torch.isfinite(model(ids, attention_mask=mask).logits).all()
+
+
+@pytest.mark.parametrize("kw", EM)
+def test_em_prior_in_a_causal_model_does_not_leak_later_tokens(kw):
+    """is_decoder=True, training: changing the last token leaves every earlier position's output bit-identical
+    in the same forward (a pi estimated from this forward would carry the later tokens into earlier ones)."""
+    model = MGKBertModel(tiny(**kw, is_decoder=True)).train()
+    twin = copy.deepcopy(model)
+    ids, mask = batch()
+    changed = ids.clone()
+    changed[:, -1] = (ids[:, -1] + 1) % 99
+    for _ in range(2):  # the second forward runs with an estimated (non-uniform) prior
+        twin.load_state_dict(model.state_dict())  # the same pi going in
+        out = model(ids, attention_mask=mask).last_hidden_state
+        out_changed = twin(changed, attention_mask=mask).last_hidden_state
+        assert torch.equal(out[:, :-1], out_changed[:, :-1])
+        assert not torch.equal(out[:, -1], out_changed[:, -1])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

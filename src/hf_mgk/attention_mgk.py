@@ -164,15 +164,18 @@ def mgk_responsibilities(query, keys, *, variances, log_prior=None, attention_ma
     """Mean soft-E-step responsibility of each key over valid (query, key) pairs: the M-step pi_r, shape (H, M).
 
     Eq. 8: gamma_ijr = pi_r N(q_i | k_jr, sigma_r^2) / sum_r' pi_r' N(q_i | k_jr', sigma_r'^2); the paper's
-    pi_jr = N_jr / N becomes, with pi shared over positions, the mean of gamma over all valid (i, j)."""
+    pi_jr = N_jr / N becomes, with pi shared over positions, the mean of gamma over all valid (i, j).
+    Pairs whose responsibilities are not finite (a NaN or inf in that query or key, e.g. one bad row of a
+    batch) are left out, so they cannot reach pi; a head with no finite valid pair gets NaN (keep its old pi)."""
     var = _as_variances(variances, query, keys.shape[2])
     log_gamma = torch.log_softmax(_log_kernel(query.float(), keys.float(), var, log_prior), dim=2)  # (B,H,M,N,S)
-    allowed = _allowed(attention_mask, is_causal, query.shape[2], keys.shape[3], query.device)
     gamma = log_gamma.exp()
-    if allowed is None:
-        return gamma.mean(dim=(0, 3, 4))
-    w = allowed[:, :, None].to(gamma.dtype).expand(gamma.shape[0], 1, 1, *gamma.shape[-2:])
-    return (gamma * w).sum(dim=(0, 3, 4)) / w.sum(dim=(0, 3, 4)).clamp_min(1.0)
+    used = torch.isfinite(gamma).all(dim=2, keepdim=True)                                        # (B,H,1,N,S)
+    allowed = _allowed(attention_mask, is_causal, query.shape[2], keys.shape[3], query.device)
+    if allowed is not None:
+        used = used & allowed[:, :, None]
+    gamma = torch.where(used, gamma, torch.zeros((), dtype=gamma.dtype, device=gamma.device))
+    return gamma.sum(dim=(0, 3, 4)) / used.sum(dim=(0, 3, 4)).to(gamma.dtype)
 
 
 def _elu1(x):

@@ -45,7 +45,11 @@ class MGKBertSelfAttention(nn.Module):
     """Self-attention of one layer: softmax (baseline) or a mixture of M keys per position.
 
     Weight names follow BERT (`query`, `key`, `value`); option A adds `extra_keys` (keys 2..M), option B a
-    per-head `key_shift` (M, D). The prior is `prior_logits` (learned), the `prior` buffer (em) or absent."""
+    per-head `key_shift` (M, D). The prior is `prior_logits` (learned), the `prior` buffer (em) or absent.
+
+    The EM prior is lagged: a training forward uses the pi in `prior` when it began, and its M-step (from this
+    forward's responsibilities) replaces `prior` for the next forward. The model announces each training
+    forward by calling `begin_training_forward()` on every attention module before its layers run."""
 
     def __init__(self, config: MGKBertConfig, layer_idx=None):
         super().__init__()
@@ -71,6 +75,8 @@ class MGKBertSelfAttention(nn.Module):
             self.prior_logits = nn.Parameter(torch.zeros(self.num_heads, self.num_keys))
         elif self.prior_type == "em":
             self.register_buffer("prior", torch.full((self.num_heads, self.num_keys), 1.0 / self.num_keys))
+            self._prior_in_use = None  # the pi of the running training forward (see begin_training_forward)
+            self._m_step_due = False
         # sigma_r^2 are fixed multiples of sqrt(D) (Sec. 2.3: "we fix the variance ... to sqrt(D)").
         self.variances = [v * math.sqrt(self.head_dim) for v in config.mgk_variances[: self.num_keys]]
 
@@ -78,12 +84,35 @@ class MGKBertSelfAttention(nn.Module):
     def is_gaussian(self):
         return self.attention_type in ("mgk", "smgk")
 
+    @torch.no_grad()
+    def begin_training_forward(self):
+        """Once per training forward of the model, before its layers run (as NPRF's `count_forward`).
+
+        EM prior: freeze the pi this forward uses (the estimate of the previous forward) and let this forward's
+        first pass through the layer run the M-step into `prior`, for the next forward. Inside the layer alone
+        this could not work: gradient checkpointing runs the layer again in backward, which would repeat the
+        M-step and recompute with another pi than the forward's (other gradients); and in a causal model a pi
+        estimated from this forward's responsibilities would let every token see the batch's later tokens."""
+        if self.prior_type == "em":
+            self._prior_in_use = self.prior.clone()
+            self._m_step_due = True
+
     def log_prior(self):
         if self.prior_type == "learned":
             return torch.log_softmax(self.prior_logits, dim=-1)
         if self.prior_type == "em":
-            return self.prior.clamp_min(torch.finfo(self.prior.dtype).tiny).log()
+            prior = self._prior_in_use if self.training and self._prior_in_use is not None else self.prior
+            return prior.clamp_min(torch.finfo(prior.dtype).tiny).log()
         return None  # uniform: a constant that cancels in the softmax over keys
+
+    @torch.no_grad()
+    def _m_step(self, query, keys, attention_mask):
+        """Eq. 8's pi from this forward's finite responsibilities (E-step with the pi in use) into `prior`; heads
+        without any finite pair (one non-finite row cannot turn the prior to NaN) keep their pi."""
+        self._m_step_due = False
+        pi = mgk_responsibilities(query, keys, variances=self.variances, log_prior=self.log_prior(),
+                                  attention_mask=attention_mask, is_causal=self.is_causal)
+        self.prior.copy_(torch.where(torch.isfinite(pi).all(-1, keepdim=True), pi, self.prior.float()))
 
     def _heads(self, x):
         return x.view(*x.shape[:-1], self.num_heads, self.head_dim).transpose(1, 2)
@@ -111,10 +140,8 @@ class MGKBertSelfAttention(nn.Module):
                                              self.is_causal, dropout_p, None, return_weights)
         else:
             keys = self._keys(hidden_states)
-            if self.prior_type == "em" and self.training:
-                self.prior.copy_(mgk_responsibilities(query, keys, variances=self.variances,
-                                                      log_prior=self.log_prior(), attention_mask=attention_mask,
-                                                      is_causal=self.is_causal))
+            if self.prior_type == "em" and self.training and self._m_step_due:
+                self._m_step(query, keys, attention_mask)
             if self.is_gaussian:
                 res = mgk_attention(query, keys, value, variances=self.variances, log_prior=self.log_prior(),
                                     e_step=self.config.e_step, attention_mask=attention_mask,
@@ -213,6 +240,9 @@ class MGKBertModel(MGKBertPreTrainedModel):
         shape = input_ids.shape if input_ids is not None else inputs_embeds.shape[:-1]
         if position_ids is None:
             check_sequence_length(shape[-1], self.config.max_position_embeddings)
+        if self.training:
+            for layer in self.encoder.layer:
+                layer.attention.self.begin_training_forward()
         embedding_output = self.embeddings(input_ids=input_ids, position_ids=position_ids,
                                            token_type_ids=token_type_ids, inputs_embeds=inputs_embeds)
         mask = padding_mask_from(attention_mask, shape)
