@@ -1,16 +1,18 @@
 """FiSH attention: a finite admixture of shared heads, as plain torch functions.
 
-Where the math comes from (papers/fishformer.txt, SPEC.md §2 and §5):
+Where the math comes from: Nguyen et al., "Improving Transformer with an Admixture of Attention Heads"
+(NeurIPS 2022, openreview.net/forum?id=0VFQhPGF1M3), first circulated as "FiSHformer: Transformer with a Finite
+Admixture of Shared Heads", whose section and equation numbers are used here:
 
 * M global query/key heads give the global attention matrices G_k = Q_k K_k^T (§2.2, Def. 1), scaled by
-  1/sqrt(D) *before* mixing, as the authors' machine-translation code does (SPEC §2).
+  1/sqrt(D) *before* mixing, as the authors' machine-translation code does.
 * H local heads mix them. FiSH (Eqn. 9, with the "discriminative relaxation" of Remark 3: p_kj are free
   learned weights):   A_j = sum_k p_kj (G_k + sigma_k eps_jk),  eps ~ N(0, I), training only.
   Hard FiSH (Eqn. 10): the same without noise.  MiSH (Eqn. 11, Remark 4): one weight vector p_k shared by
   all local heads.  GFiSH / hard GFiSH (§2.4, Eqn. 12 and the authors' code): a small network
   Linear(M, H) -> ReLU -> Linear(H, H) applied along the head axis of G + sigma eps.
-* out_j = softmax(A_j + mask) V_j for the H local value heads; masks act on the mixed scores (SPEC §2:
-  a causal mask applied after mixing).
+* out_j = softmax(A_j + mask) V_j for the H local value heads; masks act on the mixed scores (a
+  causal mask is applied after mixing).
 * fish_cost: the FLOP and parameter counts of App. D, items (i)-(iv).
 
 This file imports only the standard library and torch, so it can be copied next to HuggingFace
@@ -34,7 +36,7 @@ _BLOCK_ROWS = 128
 
 def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, attention_mask=None,
                    is_causal=False, return_weights=False, dropout_p=0.0, generator=None):
-    """FiSH / hard FiSH / MiSH / (hard) GFiSH attention (SPEC §5), computed on the fastest exact path.
+    """FiSH / hard FiSH / MiSH / (hard) GFiSH attention, computed on the fastest exact path.
 
     Args:
         query: (B, M, N, D), the M global query heads.
@@ -267,9 +269,9 @@ def _fused_attention(query, key, value, p, scale, attention_mask, is_causal):
 
     A_j = sum_k p_kj scale Q_k K_k^T = concat_k(p_kj scale Q_k) @ concat_k(K_k)^T, so local head j is
     ordinary attention with query head size M*D; the key is the same for all local heads (an expand, no
-    copy). PyTorch's CPU flash kernel runs only when q/k and v have one head size (otherwise a 4-5x
-    slower math path, SPEC §4), so the smaller side is padded with zeros, which changes no dot product,
-    and the output is sliced back to Dv.
+    copy). PyTorch's CPU flash kernel runs only when q/k and v have one head size (otherwise a math path,
+    measured 4-5x slower with torch 2.13), so the smaller side is padded with zeros, which changes no dot
+    product, and the output is sliced back to Dv.
     """
     B, M, N, D = query.shape
     S = key.shape[2]

@@ -1,6 +1,7 @@
 """Mixture of Gaussian Keys (MGK) and Mixture of Linear Keys (MLK) attention.
 
-Nguyen et al., "Improving Transformers with Probabilistic Attention Keys" (ICML 2022), Sec. 2 and App. A.1.
+Nguyen et al., "Improving Transformers with Probabilistic Attention Keys" (ICML 2022, arXiv:2110.08678), Sec. 2
+and App. A.1.
 Every key position j carries M keys k_j1..k_jM with prior pi_r and fixed variance sigma_r^2:
 
     score(i, j) = log sum_r pi_r exp(-|q_i - k_jr|^2 / (2 sigma_r^2))     soft E-step (Eq. 7)
@@ -142,7 +143,7 @@ def _mgk_soft_sdpa(query, keys, value, var, log_prior, attention_mask, is_causal
 
 def mgk_attention(query, keys, value, *, variances, log_prior=None, e_step="soft", attention_mask=None,
                   is_causal=False, dropout_p=0.0, return_weights=False):
-    """MGK attention (SPEC §1). query (B,H,N,D), keys (B,H,M,S,D), value (B,H,S,Dv) -> (B,H,N,Dv).
+    """MGK attention (Eq. 7). query (B,H,N,D), keys (B,H,M,S,D), value (B,H,S,Dv) -> (B,H,N,Dv).
 
     variances: the M absolute sigma_r^2; log_prior: (H, M) log pi (None = uniform, which cancels in the softmax);
     attention_mask: bool (B, S), True = real token; dropout_p: dropout on the attention probabilities.

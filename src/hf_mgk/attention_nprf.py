@@ -1,7 +1,8 @@
 """Normalized positive random features with relative positions (NPRF + RPE), computed exactly.
 
-Where the math comes from: Luo et al. 2021, "Stable, Fast and Accurate: Kernelized Attention with Relative
-Positional Encoding" (papers/nprf-rpe-fft.txt), with the choices fixed by SPEC §3 and §5:
+Where the math comes from: Luo et al., "Stable, Fast and Accurate: Kernelized Attention with Relative Positional
+Encoding" (NeurIPS 2021, arXiv:2106.12566), with these choices where it leaves them open: one learned bias table
+per head, T5 buckets, only exact ways to compute it:
 
     q̂ = q/‖q‖,  k̂ = k/‖k‖                                     §3.3 "Normalized Kernelized Attention"
     φ(x) = exp(W x − ‖x‖²/2) / √m,  W ∈ R^{m×D}, rows ~ N(0, I)   Eq. (5), positive random features
@@ -37,8 +38,8 @@ Exactness conventions (none changes Eq. 10):
     must equal b_{±w}, as T5 buckets do; see `t5_constant_distance`), and their gradient lands on b_{±w}.
   * A query with no valid key (all keys padded, or causal and every key up to it padded) gets z = 0, like a fully
     masked row, and a zero gradient.
-  * Everything runs in float32 (float64 if given) with autocast disabled (SPEC §0), the FFTs in FFT_DTYPE
-    (float64, see there); outputs come back in the query's dtype.
+  * Everything runs in float32 (float64 if given) with autocast disabled (no half precision), the FFTs in
+    FFT_DTYPE (float64, see there); outputs come back in the query's dtype.
 
 Only the standard library and torch are imported: this file is copied next to HF remote-code model files.
 """
@@ -65,8 +66,8 @@ BAND_BLOCK = 64
 # FFT precision. FFT round-off is absolute, set by the largest terms (the largest c, φ ≥ 0 piling up at frequency
 # 0), so a row whose own terms are all small loses its relative precision: early causal rows (a few keys) when b
 # spans several nats, measured in float32 at 1e-3 relative for b ~ N(0, 2²) and O(1) for N(0, 4²), N = 100..1000.
-# Float64 keeps those rows at ~1e-12 for about twice the FFT time. Float32 is still "≥ float32" in SPEC §0's sense
-# and may be set here for speed where b's range is small.
+# Float64 keeps those rows at ~1e-12 for about twice the FFT time. Float32 (never less) may be set here
+# for speed where b's range is small.
 FFT_DTYPE = torch.float64
 # Working memory of one FFT chunk (the channels' spectra); backward recomputes them chunk by chunk.
 FFT_CHUNK_BYTES = 32 * 2**20
@@ -134,7 +135,7 @@ def rpe_bias_from_buckets(bucket_bias, length, *, bidirectional=True, max_distan
 
 def nprf_attention(query, key, value, rpe_bias, features, *, normalize=True, max_distance=None,
                    attention_mask=None, is_causal=False, return_weights=False):
-    """Eq. (10) of Luo et al. 2021 (SPEC §3, §5); see the module docstring for the paths and conventions.
+    """Eq. (10) of Luo et al. 2021; see the module docstring for the paths and conventions.
 
     query (B, H, N, D), key (B, H, S, D), value (B, H, S, Dv); features (m, D) = W.
         N < S (decoding with a key/value cache): the queries are the last N positions, query i sits at
@@ -170,7 +171,8 @@ def _nprf_attention(query, key, value, rpe_bias, features, normalize, max_distan
 
     dtype = torch.promote_types(query.dtype, torch.float32)
     valid = None if attention_mask is None else attention_mask.to(device=query.device, dtype=torch.bool)
-    # SPEC §0: no half precision inside, even under fp16/bf16 autocast (float32 math, FFT_DTYPE FFTs).
+    # No half precision inside, even under fp16/bf16 autocast (float32 math, FFT_DTYPE FFTs): the sums over N
+    # positive terms overflow float16, and bfloat16 loses the small ones.
     with torch.autocast(query.device.type, enabled=False):
         q, k, v, W = (t.to(dtype) for t in (query, key, value, features))
         phi_q, phi_k = _feature_maps(q, k, W, normalize, valid, is_causal)
@@ -457,7 +459,7 @@ def _band_block(w):
 
 
 def _band(phi_q, phi_k, v1, c, w, is_causal):
-    """Band plus constant triangles (SPEC §4): exact when c_t = c_{±w} for |t| ≥ w.
+    """Band plus constant triangles: exact when c_t = c_{±w} for |t| ≥ w.
 
     Blocks of P = BAND_BLOCK positions. Key block J = I + d holds offsets j − i in dP ± (P−1), so only the
     n = ⌈(w−1)/P⌉ neighbour blocks on each side can hold some |j − i| < w: query block I meets key blocks

@@ -1,4 +1,9 @@
-"""Configuration of GPT-2 with a Finite Admixture of Shared Heads (SPEC.md §0 and §2)."""
+"""Configuration of GPT-2 with a Finite Admixture of Shared Heads.
+
+FiSH: Nguyen et al., "Improving Transformer with an Admixture of Attention Heads" (NeurIPS 2022,
+openreview.net/forum?id=0VFQhPGF1M3; first circulated as "FiSHformer: Transformer with a Finite Admixture of
+Shared Heads"). The fixed head size `head_dim`: Bhojanapalli et al., "Low-Rank Bottleneck in Multi-head Attention
+Models" (ICML 2020, arXiv:2002.07028)."""
 
 from transformers.models.gpt2.configuration_gpt2 import GPT2Config
 

@@ -1,4 +1,8 @@
-"""Configuration of BERT with Mixture-of-Gaussian-Keys attention (SPEC.md §0-1)."""
+"""Configuration of BERT with Mixture-of-Gaussian-Keys attention.
+
+MGK: Nguyen et al., "Improving Transformers with Probabilistic Attention Keys" (ICML 2022, arXiv:2110.08678).
+The fixed head size `head_dim`: Bhojanapalli et al., "Low-Rank Bottleneck in Multi-head Attention Models"
+(ICML 2020, arXiv:2002.07028)."""
 
 from transformers.models.bert.configuration_bert import BertConfig
 

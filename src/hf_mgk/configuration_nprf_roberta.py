@@ -1,4 +1,8 @@
-"""Configuration of RoBERTa with normalized positive random features and relative positions (SPEC.md §0, §3)."""
+"""Configuration of RoBERTa with normalized positive random features and relative positions.
+
+NPRF + RPE: Luo et al., "Stable, Fast and Accurate: Kernelized Attention with Relative Positional Encoding"
+(NeurIPS 2021, arXiv:2106.12566). The fixed head size `head_dim`: Bhojanapalli et al., "Low-Rank Bottleneck in
+Multi-head Attention Models" (ICML 2020, arXiv:2002.07028)."""
 
 from transformers.models.roberta.configuration_roberta import RobertaConfig
 

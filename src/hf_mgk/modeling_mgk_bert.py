@@ -204,7 +204,7 @@ class MGKBertPreTrainedModel(HeadSelectionMixin, AutoMapMixin, PreTrainedModel):
                 init.copy_(extra.weight, module.key.weight + std * 0.1 * torch.randn_like(module.key.weight))
                 init.copy_(extra.bias, module.key.bias)
         if hasattr(module, "key_shift"):
-            # b_1 = 0; the other shifts small random (SPEC §1, option B).
+            # sMGK (the paper's option B, Sec. 2.3): k_jr = k_j + b_r; b_1 = 0, the other shifts small random.
             shift = torch.randn_like(module.key_shift) * std
             shift[:, 0] = 0
             init.copy_(module.key_shift, shift)

@@ -1,9 +1,9 @@
 """RoBERTa with normalized positive random features and relative positions (Luo et al. 2021) as an HF model.
 
 Self-attention becomes z_i = phi(q^_i)^T sum_j c_{j-i} phi(k^_j) v_j^T / phi(q^_i)^T sum_j c_{j-i} phi(k^_j)
-(SPEC.md §3), computed exactly in O(N log N) or O(N) by `attention_nprf.py`. The relative-position bias is one
-learned table per head shared by all layers; the random features W are a persistent buffer per layer. Absolute
-position embeddings are optional, so with `use_absolute_positions=False` any length is accepted. Embedding,
+(Eq. 10 of arXiv:2106.12566), computed exactly in O(N log N) or O(N) by `attention_nprf.py`. The relative-position
+bias is one learned table per head shared by all layers; the random features W are a persistent buffer per layer.
+Absolute position embeddings are optional, so with `use_absolute_positions=False` any length is accepted. Embedding,
 feed-forward and head weights keep RoBERTa's names, so a stock RoBERTa checkpoint folder loads.
 Imports: torch, transformers and siblings only (remote code).
 """
@@ -97,7 +97,7 @@ class NPRFRobertaEmbeddings(nn.Module):
 
 
 class NPRFRelativePositionBias(nn.Module):
-    """b_{j-i}: one learned value per head and T5 bucket, shared by every layer (SPEC §3)."""
+    """b_{j-i} (the paper's RPE, Eq. 6): one learned value per head and T5 bucket, shared by every layer."""
 
     def __init__(self, config):
         super().__init__()
