@@ -74,6 +74,19 @@ def resolve_use_cache(model, use_cache):
     return bool(use_cache) and not (model.training and is_checkpointing(model))
 
 
+def parent_of(model, module):
+    """The module of `model` that holds `module` as a direct child (None if none does).
+
+    For `_init_weights` rules about a child's tensors (GPT-2's scaled residual projections, MGK's extra keys):
+    they are applied when the child itself is initialised, looking up its parent from there, because
+    transformers >= 5.20 calls a custom-code model's `_init_weights` only on the modules that own tensors
+    directly, and the parent may own none."""
+    for parent in model.modules():
+        if any(child is module for child in parent.children()):
+            return parent
+    return None
+
+
 def run_layers(layers, hidden_states, *args, output_hidden_states=False, **kwargs):
     """Run the blocks in turn; each returns (hidden_states, attention weights or None). Returns the last hidden
     state, the hidden states (the input, then each block's output) when asked for, and the attention weights of

@@ -33,6 +33,7 @@ from .modeling_common import (
     is_checkpointing,
     output_requested,
     padding_mask_from,
+    parent_of,
     resolve_use_cache,
     run_layers,
     softmax_attention,
@@ -137,23 +138,23 @@ class FiSHGPT2PreTrainedModel(AutoMapMixin, PreTrainedModel):
         super()._init_weights(module)
         std = self.config.initializer_range
         if isinstance(module, Conv1D):
+            parent = parent_of(self, module)
+            if isinstance(parent, (FiSHGPT2Attention, GPT2MLP)) and module is parent.c_proj:
+                # GPT-2's scaled init of the residual projections: 1/sqrt(2 * n_layer).
+                std = std / math.sqrt(2 * self.config.n_layer)
             init.normal_(module.weight, mean=0.0, std=std)
             init.zeros_(module.bias)
-        if isinstance(module, (FiSHGPT2Attention, GPT2MLP)):
-            # GPT-2's scaled init of the residual projections: 1/sqrt(2 * n_layer).
-            init.normal_(module.c_proj.weight, mean=0.0, std=std / math.sqrt(2 * self.config.n_layer))
-        if isinstance(module, FiSHGPT2Attention):
-            if isinstance(module.mixing if hasattr(module, "mixing") else None, nn.Parameter):
+        elif isinstance(module, nn.Linear) and isinstance(parent_of(self, parent_of(self, module)), FiSHGPT2Attention):
+            # GFiSH's mixing network: PyTorch's default Linear init (the 0.02-normal init would shrink every mixed
+            # score ~100x).
+            bound = 1.0 / math.sqrt(module.in_features)
+            init.uniform_(module.weight, -bound, bound)
+            init.uniform_(module.bias, -bound, bound)
+        elif isinstance(module, FiSHGPT2Attention):
+            if isinstance(getattr(module, "mixing", None), nn.Parameter):
                 # Every local head starts from the mean of the global patterns, slightly perturbed so heads differ.
                 m = module.num_qk_heads
                 init.copy_(module.mixing, torch.full_like(module.mixing, 1.0 / m) + std * torch.randn_like(module.mixing))
-            elif isinstance(getattr(module, "mixing", None), nn.Sequential):
-                # PyTorch's default Linear init: the 0.02-normal init would shrink every mixed score ~100x.
-                for layer in module.mixing:
-                    if isinstance(layer, nn.Linear):
-                        bound = 1.0 / math.sqrt(layer.in_features)
-                        init.uniform_(layer.weight, -bound, bound)
-                        init.uniform_(layer.bias, -bound, bound)
             if hasattr(module, "noise_std"):
                 init.constant_(module.noise_std, float(self.config.fish_noise_init))
 
