@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The main job in one command: warm-start an hf-mgk model and its softmax baseline from the same real
 checkpoint, adapt both with language modeling, fine-tune both on a sentiment task, compare them, publish the new
-one as a Hub-ready folder and reload it where hf_mgk is not installed.
+one as a Hub-ready folder and reload it in a virtualenv where hf_mgk is not installed.
 
     python scripts/quickstart.py                                  # MGK-BERT, 6 of MiniLM's 12 heads, M = 2 keys
     python scripts/quickstart.py --attention_type smgk --all_heads
@@ -162,7 +162,7 @@ def predictions(folder, sentences, max_length=64):
 
 
 def remote_predictions(folder, sentences, max_length=64):
-    """The same predictions from the exported folder alone, in a process where `import hf_mgk` fails."""
+    """The same predictions from the exported folder alone, in a virtualenv that has everything but hf_mgk."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as work:
@@ -184,7 +184,7 @@ def remote_predictions(folder, sentences, max_length=64):
                     out += model(**enc).logits.argmax(-1).tolist()
             print(json.dumps(out))
             """,
-            cwd=work,
+            cwd=work, python=hub.clean_python(),
         )
 
 
@@ -245,7 +245,7 @@ def main(argv=None):
     remote_acc = sum(p == labels[r["label"]] for p, r in zip(remote, held_out)) / len(held_out)
     agree = sum(a == b for a, b in zip(local, remote))
     print(f"reloaded through AutoModelForSequenceClassification.from_pretrained({export!r}, trust_remote_code=True) "
-          f"in a process without hf_mgk: {agree}/{len(local)} predictions agree, accuracy {remote_acc:.4f} "
+          f"in a virtualenv without hf_mgk: {agree}/{len(local)} predictions agree, accuracy {remote_acc:.4f} "
           f"(fine-tuning run: {results[args.attention_type]['finetune']['eval_accuracy']:.4f})")
     if agree != len(local):
         raise SystemExit("the exported folder predicts differently from the trained model")
