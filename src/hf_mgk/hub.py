@@ -534,9 +534,10 @@ def clean_python(transformers_version=None, root=None):
     home = os.path.join(root, f"hf-mgk-clean-venv-{label}{key}")
     bindir = "Scripts" if os.name == "nt" else "bin"
     python = os.path.join(home, bindir, "python")
+    os.makedirs(root, exist_ok=True)
+    _remove_stale_envs(root, label, home)
     if os.path.isfile(python):
         return python
-    os.makedirs(root, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=os.path.basename(home) + ".", dir=root)
     try:
         made = subprocess.run([sys.executable, "-m", "venv", "--without-pip", tmp], capture_output=True, text=True)
@@ -565,6 +566,23 @@ def clean_python(transformers_version=None, root=None):
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return python
+
+
+def _remove_stale_envs(root, label, keep):
+    """Remove the virtualenvs made under `root` by this interpreter for the same transformers (`label`) but other
+    installed packages: their key will not come again, and each holds a pip-installed release (~50 MB)."""
+    pattern = re.compile(rf"hf-mgk-clean-venv-{re.escape(label)}[0-9a-f]{{12}}")
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        if not pattern.fullmatch(name) or path == keep:
+            continue
+        try:
+            with open(os.path.join(path, "pyvenv.cfg"), encoding="utf-8") as f:
+                ours = f"command = {sys.executable} -m venv" in f.read()
+        except OSError:
+            continue
+        if ours:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _installed_version(name):
