@@ -1,9 +1,11 @@
-"""GPT-2 with a Finite Admixture of Shared Heads (FiSHformer, Nguyen et al.) as an ordinary HF model.
+"""GPT-2 with a Finite Admixture of Shared Heads (FiSHformer) as an ordinary HF model.
 
-M global query/key heads give M score matrices; each of the H local heads attends with a mixture of them
-(SPEC.md §2) over its own value head. Embeddings, MLP, layer norms and the LM head are HF's GPT-2 modules and
-weight names. `c_attn` keeps its name but projects to [Q_1..Q_M, K_1..K_M, V_1..V_H]; a stock GPT-2 checkpoint
-is converted on load (its first M heads become the global Q/K heads). The math lives in `attention_fish.py`.
+Nguyen et al., "Improving Transformer with an Admixture of Attention Heads" (NeurIPS 2022,
+openreview.net/forum?id=0VFQhPGF1M3). M global query/key heads give M score matrices; each of the H local heads
+attends with a mixture of them (Eqn. 9-12 of the paper) over its own value head. Embeddings, MLP, layer norms
+and the LM head are HF's GPT-2 modules and weight names. `c_attn` keeps its name but projects to
+[Q_1..Q_M, K_1..K_M, V_1..V_H]; a stock GPT-2 checkpoint is converted on load (its first M heads become the
+global Q/K heads). The math lives in `attention_fish.py`.
 Imports: torch, transformers and siblings only (remote code).
 """
 
@@ -92,7 +94,8 @@ class FiSHGPT2Attention(nn.Module):
             out, weights = softmax_attention(query, key, value, attention_mask, True, dropout_p, self.scaling,
                                              return_weights)
         else:
-            # Evaluation is deterministic: the noise is a training-time regulariser (SPEC §2).
+            # Evaluation is deterministic: the noise is a training-time regulariser (the authors' LM code adds it
+            # at evaluation too).
             noise = self.noise_std if self.training and hasattr(self, "noise_std") else None
             res = fish_attention(query, key, value, self.mixing, scale=self.scaling, noise_std=noise,
                                  attention_mask=attention_mask, is_causal=True, return_weights=return_weights,

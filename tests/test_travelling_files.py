@@ -1,0 +1,49 @@
+"""The code files that travel with a checkpoint (save_pretrained copies the model's module and every sibling it
+imports) must make sense on their own: no references to this repository's SPEC.md or papers/ folder, which do
+not travel; papers are cited by title, arXiv id (or venue) and equation."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+import hf_mgk
+from hf_mgk import FiSHGPT2Config, FiSHGPT2Model, MGKBertConfig, MGKBertModel, NPRFRobertaConfig, NPRFRobertaModel
+
+PACKAGE = Path(hf_mgk.__file__).parent
+TRAVELLING = re.compile(r"(configuration_|modeling_|attention_).*\.py|config_checks\.py|transformers_compat\.py")
+ENCODER = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+               max_position_embeddings=66)
+
+
+@pytest.fixture(scope="module")
+def travelling_files(tmp_path_factory):
+    """The .py files save_pretrained writes for each family, checked to be the ones the name pattern covers."""
+    copied = set()
+    for model in (MGKBertModel(MGKBertConfig(**ENCODER)), NPRFRobertaModel(NPRFRobertaConfig(**ENCODER)),
+                  FiSHGPT2Model(FiSHGPT2Config(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64))):
+        folder = tmp_path_factory.mktemp(model.config.model_type)
+        model.save_pretrained(folder)
+        copied |= {p.name for p in folder.glob("*.py")}
+    by_name = {p.name for p in PACKAGE.glob("*.py") if TRAVELLING.fullmatch(p.name)}
+    assert copied and copied <= by_name, f"travelling files the pattern misses: {copied - by_name}"
+    return sorted(PACKAGE / name for name in by_name)
+
+
+def test_travelling_files_cite_no_repository_files(travelling_files):
+    for path in travelling_files:
+        text = path.read_text()
+        for word in ("SPEC", "papers/"):
+            lines = [i + 1 for i, line in enumerate(text.splitlines()) if word in line]
+            assert not lines, f"{path.name} mentions {word!r} on lines {lines}"
+
+
+def test_the_attention_files_cite_their_papers(travelling_files):
+    cited = {"attention_mgk.py": "Improving Transformers with Probabilistic Attention Keys",
+             "configuration_mgk_bert.py": "arXiv:2110.08678",
+             "attention_nprf.py": "arXiv:2106.12566",
+             "attention_fish.py": "Improving Transformer with an Admixture of Attention Heads",
+             "configuration_fish_gpt2.py": "arXiv:2002.07028"}
+    for path in travelling_files:
+        if path.name in cited:
+            assert cited[path.name] in path.read_text(), path.name
