@@ -135,6 +135,23 @@ def test_stock_bert_checkpoint_loads_and_softmax_matches_it():
     assert torch.equal(att.prior_logits, torch.zeros_like(att.prior_logits))
 
 
+@pytest.mark.parametrize("kw", [dict(e_step="hard"), dict(mgk_prior="uniform"), dict(mgk_prior="em"),
+                                dict(attention_type="mlk", mgk_prior="uniform"),
+                                dict(num_keys=3, mgk_variances=[1, 3, 5])], ids=str)
+def test_extra_keys_start_from_the_stock_key_whatever_the_prior(kw, tmp_path):
+    """Every variant with extra keys, also those whose attention module owns no tensor itself (hard E-step, uniform
+    prior), for which transformers >= 5.20 skips that module's _init_weights."""
+    BertForMaskedLM(BertConfig(**TINY)).save_pretrained(tmp_path)
+    model = MGKBertForMaskedLM.from_pretrained(tmp_path, **kw)
+    for layer in model.bert.encoder.layer:
+        att = layer.attention.self
+        for extra in att.extra_keys:
+            diff = extra.weight - att.key.weight
+            # the stock key plus noise of 0.1 initializer_range (a fresh key would differ by ~1.4 of the key's std)
+            assert 0 < diff.std() < 0.3 * att.key.weight.std()
+            assert torch.equal(extra.bias, att.key.bias)
+
+
 # ---------------------------------------------------------------- masks and shapes
 @pytest.mark.parametrize("kw", VARIANTS, ids=IDS)
 def test_padding_invariance(kw):

@@ -19,7 +19,7 @@ from transformers.models.bert.modeling_bert import (
     BertPooler,
 )
 
-from .attention_mgk import mgk_attention, mgk_responsibilities, mlk_attention
+from .attention_mgk import mgk_attention, mgk_responsibilities, mlk_attention, smgk_attention
 from .configuration_mgk_bert import MGKBertConfig
 from .modeling_common import (
     AutoMapMixin,
@@ -27,6 +27,7 @@ from .modeling_common import (
     check_sequence_length,
     output_requested,
     padding_mask_from,
+    parent_of,
     softmax_attention,
     wants_attentions,
 )
@@ -139,13 +140,18 @@ class MGKBertSelfAttention(nn.Module):
             out, weights = softmax_attention(query, self._heads(self.key(hidden_states)), value, attention_mask,
                                              self.is_causal, dropout_p, None, return_weights)
         else:
-            keys = self._keys(hidden_states)
+            # sMGK hands its one key and the shifts to smgk_attention (q.k once for all M keys), not M keys
+            shared = self.attention_type == "smgk"
+            keys = None if shared else self._keys(hidden_states)
             if self.prior_type == "em" and self.training and self._m_step_due:
-                self._m_step(query, keys, attention_mask)
-            if self.is_gaussian:
-                res = mgk_attention(query, keys, value, variances=self.variances, log_prior=self.log_prior(),
-                                    e_step=self.config.e_step, attention_mask=attention_mask,
-                                    is_causal=self.is_causal, dropout_p=dropout_p, return_weights=return_weights)
+                self._m_step(query, self._keys(hidden_states) if shared else keys, attention_mask)
+            kw = dict(variances=self.variances, log_prior=self.log_prior(), e_step=self.config.e_step,
+                      attention_mask=attention_mask, is_causal=self.is_causal, dropout_p=dropout_p,
+                      return_weights=return_weights)
+            if shared:
+                res = smgk_attention(query, self._heads(self.key(hidden_states)), self.key_shift, value, **kw)
+            elif self.is_gaussian:
+                res = mgk_attention(query, keys, value, **kw)
             else:
                 res = mlk_attention(query, keys, value, log_prior=self.log_prior(), attention_mask=attention_mask,
                                     is_causal=self.is_causal, return_weights=return_weights)
@@ -190,19 +196,25 @@ class MGKBertPreTrainedModel(HeadSelectionMixin, AutoMapMixin, PreTrainedModel):
         elif isinstance(module, BertEmbeddings):
             init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1]).expand((1, -1)))
             init.zeros_(module.token_type_ids)
+        elif isinstance(module, nn.Linear):
+            attention = parent_of(self, parent_of(self, module))
+            if isinstance(attention, MGKBertSelfAttention) and parent_of(self, module) is attention.extra_keys:
+                self._init_extra_key(attention, module)
         elif isinstance(module, MGKBertSelfAttention):
             self._init_mgk_attention(module)
 
+    def _init_extra_key(self, attention, extra):
+        """A stock BERT checkpoint brings `key` but no extra keys: start them from that key plus small noise, so
+        the pretrained attention pattern survives and the keys can still separate (identical keys under the hard
+        E-step would give the second one no gradient). (Tensors loaded from a checkpoint are flagged
+        `_is_hf_initialized` on transformers 5; 4.x keeps no such flag, so there they keep the default init.)"""
+        std = self.config.initializer_range
+        if getattr(attention.key.weight, "_is_hf_initialized", False):
+            init.copy_(extra.weight, attention.key.weight + std * 0.1 * torch.randn_like(attention.key.weight))
+            init.copy_(extra.bias, attention.key.bias)
+
     def _init_mgk_attention(self, module):
         std = self.config.initializer_range
-        # A stock BERT checkpoint brings `key` but no extra keys: start them from that key plus small noise, so
-        # the pretrained attention pattern survives and the keys can still separate (identical keys under the
-        # hard E-step would give the second one no gradient).
-        key_loaded = getattr(module.key.weight, "_is_hf_initialized", False)
-        for extra in getattr(module, "extra_keys", []):
-            if key_loaded and not getattr(extra.weight, "_is_hf_initialized", False):
-                init.copy_(extra.weight, module.key.weight + std * 0.1 * torch.randn_like(module.key.weight))
-                init.copy_(extra.bias, module.key.bias)
         if hasattr(module, "key_shift"):
             # sMGK (the paper's option B, Sec. 2.3): k_jr = k_j + b_r; b_1 = 0, the other shifts small random.
             shift = torch.randn_like(module.key_shift) * std
