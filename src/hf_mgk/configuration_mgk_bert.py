@@ -30,8 +30,9 @@ class MGKBertConfig(ValidatedConfig, ConfigCompat, BertConfig):
     e_step (`str`, defaults to `"soft"`): `"soft"` (log-sum-exp over keys) or `"hard"` (max over keys, pi unused).
         The linear types only have the soft form.
     mgk_prior (`str`, defaults to `"learned"`): `"learned"` (softmax of per-head logits, trained by SGD),
-        `"em"` (a buffer set in training by the M-step: mean responsibility over valid query/key pairs) or
-        `"uniform"` (fixed 1/M).
+        `"em"` (a buffer set in training by the M-step: mean responsibility over valid query/key pairs; each
+        training forward's estimate is used from the next forward on, evaluation leaves it alone) or `"uniform"`
+        (fixed 1/M).
     mgk_variances (`list[float]`, defaults to `[1, 3]`): sigma_r^2 as multiples of sqrt(head_dim), one per key.
         The paper states [1, 3]; the authors' LM/MT code uses [1, 1/3]. For M > 2 the default is 1, 3, 5, ...
     head_dim (`int`, *optional*): the fixed head size of "concise multi-head attention"; Q, K, V project
