@@ -28,6 +28,7 @@ __all__ = [
     "mgk_responsibilities",
     "mlk_attention",
     "mlk_attention_reference",
+    "smgk_attention",
 ]
 
 
@@ -141,23 +142,360 @@ def _mgk_soft_sdpa(query, keys, value, var, log_prior, attention_mask, is_causal
     return out[..., :dv] if width > dv else out
 
 
+# ------------------------------------------------------------------------------------------------ blocked path
+# The exact path that pays only what the formula needs. Per block of _BLOCK_ROWS query rows against every key the
+# block may see, with s_r = 1 / sigma_r^2:
+#
+#     L_ijr = log pi_r - s_r |q_i - k_jr|^2 / 2,   E_ijr = exp(L_ijr),   P_ij = sum_r E_ijr      (soft E-step)
+#     P_ij = exp(max_r L_ijr)                                                                  (hard E-step)
+#     h_i = sum_j P_ij v_j / Z_i,   Z_i = sum_j P_ij
+#
+# softmax_j(logsumexp_r L_ijr) = P_ij / Z_i: the sum of the keys' exponentials, normalised, so no log is taken
+# and one product with V serves all M keys. The Gaussian log-kernel is never positive, so exp(L) cannot overflow
+# and needs no running maximum: a block is redone with its rows' maxima subtracted only if a row's sum Z_i falls
+# below e^-40 (every term of the row deep in the tail, where float32 exp would lose them); otherwise each row's
+# largest term is above e^-40 / (M S) and any term exp() flushes (below e^-87) weighs less than e^-27 of it.
+# Rows that see no key at all get a zero output, as with SDPA. Backward uses Z and the row shift kept from the
+# forward, and dS' = (dP - delta) / Z from one product of [dO / Z, -delta / Z] with [V, 1] (delta_i = dO_i . h_i).
+#
+# Multiply-adds per (query, key) pair and head (D head size, Dv value size):
+#   MGK (M key projections): L = q~ . k~_r with q~ = [q, -|q|^2/2, 1] against the M*S rows
+#       k~_r = [s_r k_r, s_r, log pi_r - s_r |k_r|^2/2]: M (D + 2); values Dv. Backward: Dv (dV), Dv + 1 (dS'),
+#       M D (dq) and M D (dk) as one product each over the M*S rows, + M (D + 2) when scores are recomputed.
+#       M = 2, D = Dv = 64: 196 forward, 389 (+132) backward, against SDPA's 128 and 320 per head (its CPU
+#       kernel recomputes QK^T in backward): 4 MGK heads = 0.77x / 0.65x (0.80x recomputed) of 8 SDPA heads.
+#   sMGK (one key projection, k_jr = k_j + b_r): |q - k - b_r|^2 = |q - b_r|^2 - 2 q.k + 2 b_r.k + |k|^2, so
+#       L_ijr = s_r q_i.k_j + x_ir + y_jr with x_ir = log pi_r - s_r |q_i - b_r|^2/2, y_jr = -s_r (|k_j|^2/2 +
+#       b_r.k_j). One product q~ . k~ = L_1 (q~ = [s_1 q, x_1, 1], k~ = [k, 1, y_1]): D + 2, and for r >= 2
+#       L_r = rho_r L_1 + (x_r - rho_r x_1)_i + (y_r - rho_r y_1)_j, rho_r = s_r / s_1: two elementwise passes
+#       each. With different sigma_r the per-query terms |q_i - b_r|^2 differ per key and do not cancel in the
+#       softmax over j; they are kept exactly. Backward: Dv + Dv + 1 + D + D on dG = sum_r s_r dL_r (dq, dk),
+#       the row and column sums of each dL_r give the x and y parts (dq, dk, shifts, prior). M = 2: 130 forward,
+#       257 (+66) backward: 0.51x / 0.43x (0.47x recomputed) of 8 SDPA heads.
+#   Elementwise passes over a block's (n, S) matrices: forward M exp, M - 1 adds, 1 row sum (sMGK: + 2 (M - 1)
+#       derivations); backward M products dL_r = E_r dS', M row and M column sums (sMGK: + M - 1 adds for dG).
+#       The hard E-step: 1 max over keys, 1 exp, 1 comparison / M products with the argmax mask.
+# Measured on the 2-core CPU this was written on (N = 512, forward + backward, 1 thread): the products run at
+# about SDPA's rate, and the elementwise passes plus per-op overhead add about half the products' time again.
+_BLOCK_ROWS = 128
+_MIN_ROW_SUM = math.exp(-40.0)
+# The block probabilities are kept for backward (no recomputed scores: measured 10-25% faster at N = 512-2048)
+# while they take at most this many bytes per call; above it they are recomputed (O(N) memory).
+_KEEP_BYTES = 2**28
+
+
+def _mgk_row_blocks(n, s, is_causal):
+    """(rows, end, lo) per block of query rows: keys :end are all the block may see (row i sees j <= i + s - n
+    when causal: bottom-right aligned), columns lo:end are hidden from some of its rows (the diagonal tile).
+    Blocks whose rows see no key (causal, n > s) are left out: their output is zero."""
+    for start in range(0, n, _BLOCK_ROWS):
+        stop = min(n, start + _BLOCK_ROWS)
+        if not is_causal:
+            yield slice(start, stop), s, s
+        elif stop + s - n > 0:
+            end = min(s, stop + s - n)
+            yield slice(start, stop), end, min(end, max(0, start + s - n + 1))
+
+
+def _fold(op, tensors):
+    """op(op(t0, t1), t2)... with one new tensor (a sum over keys as adds: sum(0) zero-fills its output first)."""
+    if len(tensors) == 1:
+        return tensors[0]
+    out = op(tensors[0], tensors[1])
+    for t in tensors[2:]:
+        op(out, t, out=out)
+    return out
+
+
+class _MGKBlocks:
+    """One call's operands (no autograd; see the section comment) and the scores / probabilities of a block."""
+
+    def __init__(self, query, keys, key_shift, log_prior, inv_var, pad, hard, is_causal, dropout_p):
+        self.hard, self.is_causal, self.inv_var, self.dropout_p = hard, is_causal, inv_var, dropout_p
+        self.num_keys = m = len(inv_var)
+        self.shared = key_shift is not None
+        self.n, self.s, self.d = query.shape[2], keys.shape[-2], query.shape[-1]
+        s = torch.tensor(inv_var, dtype=query.dtype, device=query.device)
+        ones = query.new_ones(query.shape[:-1] + (1,))
+        self.hidden = None
+        if is_causal:
+            self.hidden = torch.ones(self.n, self.s, dtype=torch.bool, device=query.device).tril_(self.s - self.n)
+            self.hidden.logical_not_()
+        if dropout_p > 0:  # one seed from the global generator: backward redraws the same masks
+            self.seed = int(torch.randint(0, 2**62, (), device="cpu"))
+        if not self.shared:
+            sv = s.view(1, 1, m, 1, 1)
+            self.k_scaled = keys * sv                                                   # (B, H, M, S, D)
+            y = (self.k_scaled * keys).sum(-1, keepdim=True).mul_(-0.5)
+            if log_prior is not None:
+                y += log_prior[None, :, :, None, None]
+            if pad is not None:
+                y.masked_fill_(pad[:, None, None, :, None], -math.inf)
+            self.qa = torch.cat([query, (query * query).sum(-1, keepdim=True).mul_(-0.5), ones], -1)
+            self.ka = torch.cat([self.k_scaled, sv.expand(y.shape), y], -1)             # (B, H, M, S, D + 2)
+            return
+        sv = s.view(m, 1, 1, 1)
+        b = key_shift.transpose(0, 1)[:, None, :, None, :]                             # (M, 1, H, 1, D)
+        x = (query - b).pow_(2).sum(-1).mul_(-0.5 * sv)                                 # (M, B, H, N)
+        if log_prior is not None:
+            x += log_prior.t()[:, None, :, None]
+        y = ((keys * keys).sum(-1).mul_(0.5) + torch.einsum("bhsd,mhd->mbhs", keys, b[:, 0, :, 0])).mul_(-sv)
+        self.rho = (s / s[0]).tolist()
+        rho = (s[1:] / s[0]).view(-1, 1, 1, 1)
+        self.xd, self.yd = x[1:] - rho * x[0], y[1:] - rho * y[0]                      # (M - 1, B, H, N | S)
+        y1 = y[0] if pad is None else y[0].masked_fill(pad[:, None, :], -math.inf)
+        self.qa = torch.cat([query * s[0], x[0, ..., None], ones], -1)
+        self.ka = torch.cat([keys, torch.ones_like(y1)[..., None], y1[..., None]], -1)  # (B, H, S, D + 2)
+
+    @staticmethod
+    def key_rows(t, end):
+        """(B, H, M, S, X) -> (B, H, M * end, X), keys :end of every key r (a view when end = S)."""
+        t = t[:, :, :, :end]
+        return t.reshape(t.shape[0], t.shape[1], -1, t.shape[-1])
+
+    def scores(self, rows, end, lo, shift=None):
+        """L_r of one block (-inf where hidden), minus `shift` (B, H, n) if given: MGK one (B, H, n, M, e) tensor
+        and its M slabs (views), sMGK None and M (B, H, n, e) tensors."""
+        qa = self.qa[:, :, rows]
+        if not self.shared:
+            buf = torch.matmul(qa, self.key_rows(self.ka, end).transpose(-1, -2))
+            buf = buf.view(buf.shape[:3] + (self.num_keys, end))
+            if lo < end:
+                buf[..., lo:].masked_fill_(self.hidden[rows, lo:end][:, None], -math.inf)
+            if shift is not None:
+                buf.sub_(shift[..., None, None])
+            return buf, [buf[..., r, :] for r in range(self.num_keys)]
+        first = torch.matmul(qa, self.ka[:, :, :end].transpose(-1, -2))
+        if lo < end:
+            first[..., lo:].masked_fill_(self.hidden[rows, lo:end], -math.inf)
+        slabs = [first]
+        for r in range(1, self.num_keys):
+            slab = torch.add(self.xd[r - 1, :, :, rows, None], first, alpha=self.rho[r])
+            slabs.append(slab.add_(self.yd[r - 1, :, :, None, :end]))
+        if shift is not None:
+            for slab in slabs:
+                slab.sub_(shift[..., None])
+        return None, slabs
+
+    def probs(self, buf, slabs):
+        """Unnormalised P (B, H, n, e) and what backward needs besides: soft the E_r = exp(L_r) (in place),
+        hard the bool masks of the maxima over keys (None for one key)."""
+        if self.hard:
+            if self.num_keys == 1:
+                return slabs[0].exp(), None
+            if buf is not None:
+                score = buf.amax(-2)
+                return torch.exp(score), buf == score[..., None, :]
+            score = _fold(torch.maximum, slabs)
+            return torch.exp(score), [slab == score for slab in slabs]
+        if buf is not None:
+            buf.exp_()
+        else:
+            for slab in slabs:
+                slab.exp_()
+        return _fold(torch.add, slabs), (buf if buf is not None else slabs)
+
+    def dropout_masks(self, like):
+        """Per block, in block order: 0 or 1 / (1 - p), drawn from this call's seed."""
+        gen = torch.Generator(device=like.device)
+        gen.manual_seed(self.seed)
+        for rows, end, _ in _mgk_row_blocks(self.n, self.s, self.is_causal):
+            shape = like.shape[:2] + (rows.stop - rows.start, end)
+            u = torch.rand(shape, generator=gen, dtype=like.dtype, device=like.device)
+            yield u.ge_(self.dropout_p).mul_(1.0 / (1.0 - self.dropout_p))
+
+
+class _BlockedMGK(torch.autograd.Function):
+    """MGK / sMGK attention, soft or hard E-step, in blocks of query rows with a hand-written backward."""
+
+    @staticmethod
+    def forward(ctx, query, keys, key_shift, value, log_prior, inv_var, pad, hard, is_causal, dropout_p, keep):
+        blk = _MGKBlocks(query, keys, key_shift, log_prior, inv_var, pad, hard, is_causal, dropout_p)
+        out = value.new_zeros(value.shape[:2] + (blk.n, value.shape[-1]))
+        z = query.new_zeros(query.shape[:3])
+        shift = query.new_zeros(query.shape[:3])
+        masks = blk.dropout_masks(query) if dropout_p > 0 else None
+        kept, shifted = [], []
+        for rows, end, lo in _mgk_row_blocks(blk.n, blk.s, is_causal):
+            p, aux = blk.probs(*blk.scores(rows, end, lo))
+            zb = p.sum(-1)
+            shifted.append(not bool((zb >= _MIN_ROW_SUM).all()))   # also when NaN
+            if shifted[-1]:
+                m = _fold(torch.maximum, [t.amax(-1) for t in blk.scores(rows, end, lo)[1]])
+                m.masked_fill_(m == -math.inf, 0.0)                 # rows that see no key: P = 0, output 0
+                shift[:, :, rows] = m
+                p, aux = blk.probs(*blk.scores(rows, end, lo, m))
+                zb = p.sum(-1)
+            z[:, :, rows] = zb
+            mask = None if masks is None else next(masks)
+            pv = p if mask is None else p * mask
+            out[:, :, rows] = torch.matmul(pv, value[:, :, :end]).div_(zb.clamp_min(torch.finfo(zb.dtype).tiny)[..., None])
+            if keep:
+                kept.append((p, aux, mask))
+        ctx.blocks, ctx.kept, ctx.shifted = blk, kept, shifted
+        ctx.save_for_backward(query, keys, key_shift, value, out, z, shift)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        query, keys, key_shift, value, out, z, shift = ctx.saved_tensors
+        blk, kept = ctx.blocks, ctx.kept
+        m, s, d = blk.num_keys, blk.s, blk.d
+        dout = dout / z.clamp_min(torch.finfo(z.dtype).tiny)[..., None]                # dO / Z
+        neg_delta = -(dout * out).sum(-1, keepdim=True)                                 # -delta / Z
+        masks = blk.dropout_masks(query) if (blk.dropout_p > 0 and not kept) else None
+        if blk.dropout_p == 0:  # dS' from one product: [dO / Z, -delta / Z] . [v, 1]
+            do_aug = torch.cat([dout, neg_delta], -1)
+            v_aug = torch.cat([value, value.new_ones(value.shape[:-1] + (1,))], -1)
+        dq, dv = torch.zeros_like(query), torch.zeros_like(value)
+        dx = query.new_zeros(query.shape[:3] + (m,))                                     # row sums of dL_r
+        dy = query.new_zeros(query.shape[:2] + (m, s))                                   # column sums of dL_r
+        q_op, k_op = (query * blk.inv_var[0], keys) if blk.shared else (query, blk.k_scaled)
+        dk_op = torch.zeros_like(k_op)
+        scratch = None
+        for i, (rows, end, lo) in enumerate(_mgk_row_blocks(blk.n, s, blk.is_causal)):
+            if kept:
+                p, aux, mask = kept[i]
+            else:
+                p, aux = blk.probs(*blk.scores(rows, end, lo, shift[:, :, rows] if ctx.shifted[i] else None))
+                mask = None if masks is None else next(masks)
+            pv = p if mask is None else p * mask
+            dv[:, :, :end] += torch.matmul(pv.transpose(-1, -2), dout[:, :, rows])
+            if mask is None:
+                ds = torch.matmul(do_aug[:, :, rows], v_aug[:, :, :end].transpose(-1, -2))   # (dP - delta) / Z
+            else:
+                ds = torch.matmul(dout[:, :, rows], value[:, :, :end].transpose(-1, -2))
+                ds = torch.addcmul(neg_delta[:, :, rows], ds, mask)
+            if blk.hard:  # dscore = P dS' (P unnormalised: dS' carries 1 / Z), to the key(s) with the largest term
+                ds.mul_(p)
+            dl, scratch = _block_grad(aux, ds, scratch, bool(kept), blk)
+            if not blk.shared:                                                            # (B, H, n, M, e)
+                dx[:, :, rows] = dl.sum(-1)
+                dy[:, :, :, :end] += dl.sum(2)
+                flat = dl.view(dl.shape[:3] + (-1,))
+                dq[:, :, rows] = torch.matmul(flat, blk.key_rows(k_op, end))
+                dk_op[:, :, :, :end] += torch.matmul(flat.transpose(-1, -2), q_op[:, :, rows]).view(
+                    dk_op.shape[:3] + (end, d))
+            else:                                                                         # M slabs
+                for r, t in enumerate(dl):
+                    dx[:, :, rows, r] = t.sum(-1)
+                    dy[:, :, r, :end] += t.sum(-2)
+                dg = dl[0]
+                for r in range(1, m):
+                    dg.add_(dl[r], alpha=blk.rho[r])
+                dq[:, :, rows] = torch.matmul(dg, k_op[:, :, :end])
+                dk_op[:, :, :end] += torch.matmul(dg.transpose(-1, -2), q_op[:, :, rows])
+        sv = torch.tensor(blk.inv_var, dtype=query.dtype, device=query.device)
+        prior = not blk.hard and ctx.needs_input_grad[4]
+        if not blk.shared:
+            # L_r = q . (s_r k_r) - s_r |q|^2/2 - s_r |k_r|^2/2 + log pi_r
+            dq -= (dx @ sv)[..., None] * query
+            dk = (dk_op - dy[..., None] * keys).mul_(sv.view(1, 1, m, 1, 1))
+            return dq, dk, None, dv, dy.sum((0, 3)) if prior else None, None, None, None, None, None, None
+        # L_r = s_r q.k + x_r + y_r, x_r = log pi_r - s_r |q - b_r|^2/2, y_r = -s_r (|k|^2/2 + b_r . k)
+        b = key_shift.transpose(0, 1)                                                     # (M, H, D)
+        wx, wy = dx * sv, dy * sv.view(1, 1, m, 1)                                       # s_r dx_r, s_r dy_r
+        dq = dq * blk.inv_var[0] - wx.sum(-1, keepdim=True) * query + torch.einsum("bhnm,mhd->bhnd", wx, b)
+        dk = dk_op - wy.sum(2)[..., None] * keys - torch.einsum("bhms,mhd->bhsd", wy, b)
+        dshift = (torch.einsum("bhnm,bhnd->hmd", wx, query) - wx.sum((0, 2))[..., None] * key_shift
+                  - torch.einsum("bhms,bhsd->hmd", wy, keys))
+        return dq, dk, dshift, dv, dx.sum((0, 2)) if prior else None, None, None, None, None, None, None
+
+
+def _block_grad(aux, ds, scratch, kept, blk):
+    """dL_r = aux_r * ds for every key r: soft aux = E_r, hard aux = the argmax mask (ds = dscore there), ties
+    sharing the gradient as in torch.amax's backward. MGK: one (B, H, n, M, e) tensor, sMGK: a list. Kept E_r
+    stay as they are (a second backward must find them); MGK's products then go to one reused scratch buffer."""
+    if aux is None:  # hard E-step, one key
+        return ([ds] if blk.shared else ds[..., None, :]), scratch
+    if blk.shared:
+        dl = [a * ds if kept or blk.hard else a.mul_(ds) for a in aux]
+        if blk.hard and bool(sum(a.sum() for a in aux) > ds.numel()):
+            count = _fold(torch.add, [a.to(ds.dtype) for a in aux])
+            dl = [t.div_(count) for t in dl]
+        return dl, scratch
+    if not (kept or blk.hard):
+        return aux.mul_(ds[..., None, :]), scratch
+    if scratch is None or scratch.numel() < aux.numel():
+        scratch = ds.new_empty(aux.numel())
+    dl = torch.mul(aux, ds[..., None, :], out=scratch[:aux.numel()].view(aux.shape))
+    if blk.hard and bool(aux.sum() > ds.numel()):
+        dl.div_(aux.sum(-2, keepdim=True))
+    return dl, scratch
+
+
+def _blocked_applies(query):
+    """The blocked path runs on the CPU in float32 / float64 outside autocast (elsewhere: SDPA or the dense form)."""
+    return (query.device.type == "cpu" and query.dtype in (torch.float32, torch.float64)
+            and not torch.is_autocast_enabled("cpu"))
+
+
+def _mgk_blocked(query, keys, key_shift, value, var, log_prior, e_step, attention_mask, is_causal, dropout_p):
+    hard = e_step == "hard"
+    num_keys = var.numel()
+    inv_var = (1.0 / var.double()).tolist()
+    lp = None if (hard or log_prior is None) else log_prior.to(query.dtype)
+    pad = None if attention_mask is None else ~attention_mask.bool()
+    training = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (query, keys, key_shift, value, lp))
+    b, h, n = query.shape[:3]
+    kept = (num_keys + 1 + (dropout_p > 0)) * b * h * n * keys.shape[-2] * query.element_size()
+    return _BlockedMGK.apply(query, keys, key_shift, value, lp, inv_var, pad, hard, is_causal, dropout_p,
+                             training and kept <= _KEEP_BYTES)
+
+
 def mgk_attention(query, keys, value, *, variances, log_prior=None, e_step="soft", attention_mask=None,
                   is_causal=False, dropout_p=0.0, return_weights=False):
     """MGK attention (Eq. 7). query (B,H,N,D), keys (B,H,M,S,D), value (B,H,S,Dv) -> (B,H,N,Dv).
 
     variances: the M absolute sigma_r^2; log_prior: (H, M) log pi (None = uniform, which cancels in the softmax);
-    attention_mask: bool (B, S), True = real token; dropout_p: dropout on the attention probabilities.
-    The soft E-step runs as SDPA over augmented keys; the hard E-step and `return_weights` use the N x N x M
-    matmul form, the only one that can hand out the (B, H, N, S) mixture attention matrix.
+    attention_mask: bool (B, S), True = real token; dropout_p: dropout on the attention probabilities a_ij.
+
+    Every path is exact; the rule:
+    * `return_weights`: the N x N x M matmul form, the only one that hands out the (B, H, N, S) matrix;
+    * on the CPU in float32 / float64 outside autocast: the blocked path (section comment above), with or
+      without autograd, so that training and evaluation compute bit for bit the same function;
+    * otherwise (accelerators, half precision, autocast) the soft E-step as one SDPA call over the M*S
+      augmented keys (flash kernels, O(N) memory), the hard E-step in the matmul form.
+    With dropout the blocked path drops a_ij itself; SDPA over the augmented keys drops each key's share of it
+    independently (the same mean, not the same distribution).
     """
     if e_step not in ("soft", "hard"):
         raise ValueError(f"`e_step` must be 'soft' or 'hard', got {e_step!r}")
-    if e_step == "hard" or return_weights:
+    if return_weights:
         return _mgk_dense(query, keys, value, variances, log_prior, e_step, attention_mask, is_causal, dropout_p,
                           return_weights, literal=False)
     _check_shapes(query, keys, value)
     var = _as_variances(variances, query, keys.shape[2])
+    if _blocked_applies(query):
+        return _mgk_blocked(query, keys, None, value, var, log_prior, e_step, attention_mask, is_causal, dropout_p)
+    if e_step == "hard":
+        return _mgk_dense(query, keys, value, variances, log_prior, e_step, attention_mask, is_causal, dropout_p,
+                          False, literal=False)
     return _mgk_soft_sdpa(query, keys, value, var, log_prior, attention_mask, is_causal, dropout_p)
+
+
+def smgk_attention(query, key, key_shift, value, *, variances, log_prior=None, e_step="soft", attention_mask=None,
+                   is_causal=False, dropout_p=0.0, return_weights=False):
+    """sMGK (option B of the paper): MGK with the M keys k_jr = k_j + b_r of one key projection and a learned
+    shift per key and head. key (B,H,S,D), key_shift (H,M,D); the rest as `mgk_attention`, which this equals
+    with keys = key + key_shift. The blocked path computes q.k once for all M keys (section comment above)."""
+    if key.dim() != 4 or key.shape != query.shape[:2] + key.shape[2:3] + query.shape[3:]:
+        raise ValueError(f"`key` must be (B, H, S, D) matching `query` {tuple(query.shape)}, got {tuple(key.shape)}")
+    if key_shift.dim() != 3 or key_shift.shape[0] != query.shape[1] or key_shift.shape[2] != query.shape[3]:
+        raise ValueError(f"`key_shift` must be (H, M, D) = ({query.shape[1]}, M, {query.shape[3]}), "
+                         f"got {tuple(key_shift.shape)}")
+    keys = None
+    if not return_weights and e_step in ("soft", "hard") and _blocked_applies(query):
+        keys = key[:, :, None].expand(-1, -1, key_shift.shape[1], -1, -1)  # shapes only (a view)
+        _check_shapes(query, keys, value)
+        var = _as_variances(variances, query, key_shift.shape[1])
+        return _mgk_blocked(query, key, key_shift, value, var, log_prior, e_step, attention_mask, is_causal,
+                            dropout_p)
+    return mgk_attention(query, key[:, :, None] + key_shift[None, :, :, None, :], value, variances=variances,
+                         log_prior=log_prior, e_step=e_step, attention_mask=attention_mask, is_causal=is_causal,
+                         dropout_p=dropout_p, return_weights=return_weights)
 
 
 @torch.no_grad()
