@@ -37,9 +37,20 @@ def _as_variances(variances, like: torch.Tensor, num_keys: int) -> torch.Tensor:
     var = torch.as_tensor(variances, dtype=like.dtype, device=like.device).reshape(-1)
     if var.numel() != num_keys:
         raise ValueError(f"`variances` must give one sigma^2 per key: got {var.numel()} values for {num_keys} keys")
-    if not bool((var > 0).all()):
+    # Checked on the numbers given (the models pass a list); a tensor's values only outside tracing, where a check
+    # that reads them cannot be part of the graph.
+    if isinstance(variances, torch.Tensor) and _tracing():
+        return var
+    positive = bool((var > 0).all()) if isinstance(variances, torch.Tensor) else all(v > 0 for v in variances)
+    if not positive:
         raise ValueError(f"`variances` must be positive, got {var.tolist()}")
     return var
+
+
+def _tracing():
+    """Whether the call is being traced or compiled (torch.export, torch.onnx, torch.compile, torch.jit.trace): no
+    Python branch may then read tensor values."""
+    return torch.jit.is_tracing() or torch.compiler.is_compiling()
 
 
 def _check_shapes(query, keys, value):
@@ -53,9 +64,12 @@ def _check_shapes(query, keys, value):
 
 
 def _allowed(attention_mask, is_causal, n, s, device):
-    """Bool (B|1, 1, N, S) mask of the (query, key) pairs that may interact, or None when all may.
+    """Bool (B|1, 1, N, S) mask of the (query, key) pairs that may interact, or None when all may; a whole
+    (B|1, 1, N, S) attention_mask (bool, or additive float) is that mask itself.
 
     For N < S (cached decoding) queries are the last N positions, so the causal mask is bottom-right aligned."""
+    if attention_mask is not None and attention_mask.dim() == 4:
+        return attention_mask
     allowed = None
     if attention_mask is not None:
         allowed = attention_mask.bool()[:, None, None, :]
@@ -90,8 +104,10 @@ def _mgk_scores(query, keys, var, log_prior, e_step, literal):
 
 
 def _masked_softmax(scores, allowed):
-    if allowed is not None:
+    if allowed is not None and allowed.dtype == torch.bool:
         scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    elif allowed is not None:  # an additive mask
+        scores = scores + allowed.to(scores.dtype)
     return torch.softmax(scores, dim=-1)
 
 
@@ -342,7 +358,8 @@ class _BlockedMGK(torch.autograd.Function):
         query, keys, key_shift, value, out, z, shift = ctx.saved_tensors
         blk, kept = ctx.blocks, ctx.kept
         m, s, d = blk.num_keys, blk.s, blk.d
-        dout = dout / z.clamp_min(torch.finfo(z.dtype).tiny)[..., None]                # dO / Z
+        # dO / Z; rows that see no key (Z = 0) have a constant zero output and pass no gradient on
+        dout = dout * torch.where(z > 0, 1.0 / z, 0.0)[..., None]
         neg_delta = -(dout * out).sum(-1, keepdim=True)                                 # -delta / Z
         masks = blk.dropout_masks(query) if (blk.dropout_p > 0 and not kept) else None
         if blk.dropout_p == 0:  # dS' from one product: [dO / Z, -delta / Z] . [v, 1]
@@ -425,10 +442,13 @@ def _block_grad(aux, ds, scratch, kept, blk):
     return dl, scratch
 
 
-def _blocked_applies(query):
-    """The blocked path runs on the CPU in float32 / float64 outside autocast (elsewhere: SDPA or the dense form)."""
+def _blocked_applies(query, attention_mask):
+    """The blocked path runs on the CPU in float32 / float64 outside autocast (elsewhere: SDPA or the dense form),
+    with a padding mask or none (a whole 4-D mask goes to the forms that take it), and not in a trace or compiled
+    graph (its Python loop reads tensor values)."""
     return (query.device.type == "cpu" and query.dtype in (torch.float32, torch.float64)
-            and not torch.is_autocast_enabled("cpu"))
+            and not torch.is_autocast_enabled("cpu") and not _tracing()
+            and (attention_mask is None or attention_mask.dim() == 2))
 
 
 def _mgk_blocked(query, keys, key_shift, value, var, log_prior, e_step, attention_mask, is_causal, dropout_p):
@@ -468,7 +488,7 @@ def mgk_attention(query, keys, value, *, variances, log_prior=None, e_step="soft
                           return_weights, literal=False)
     _check_shapes(query, keys, value)
     var = _as_variances(variances, query, keys.shape[2])
-    if _blocked_applies(query):
+    if _blocked_applies(query, attention_mask):
         return _mgk_blocked(query, keys, None, value, var, log_prior, e_step, attention_mask, is_causal, dropout_p)
     if e_step == "hard":
         return _mgk_dense(query, keys, value, variances, log_prior, e_step, attention_mask, is_causal, dropout_p,
@@ -487,7 +507,7 @@ def smgk_attention(query, key, key_shift, value, *, variances, log_prior=None, e
         raise ValueError(f"`key_shift` must be (H, M, D) = ({query.shape[1]}, M, {query.shape[3]}), "
                          f"got {tuple(key_shift.shape)}")
     keys = None
-    if not return_weights and e_step in ("soft", "hard") and _blocked_applies(query):
+    if not return_weights and e_step in ("soft", "hard") and _blocked_applies(query, attention_mask):
         keys = key[:, :, None].expand(-1, -1, key_shift.shape[1], -1, -1)  # shapes only (a view)
         _check_shapes(query, keys, value)
         var = _as_variances(variances, query, key_shift.shape[1])
@@ -512,6 +532,8 @@ def mgk_responsibilities(query, keys, *, variances, log_prior=None, attention_ma
     used = torch.isfinite(gamma).all(dim=2, keepdim=True)                                        # (B,H,1,N,S)
     allowed = _allowed(attention_mask, is_causal, query.shape[2], keys.shape[3], query.device)
     if allowed is not None:
+        if not allowed.dtype == torch.bool:  # an additive mask: the pairs it does not push to the minimum
+            allowed = allowed > torch.finfo(allowed.dtype).min
         used = used & allowed[:, :, None]
     gamma = torch.where(used, gamma, torch.zeros((), dtype=gamma.dtype, device=gamma.device))
     return gamma.sum(dim=(0, 3, 4)) / used.sum(dim=(0, 3, 4)).to(gamma.dtype)
@@ -548,7 +570,7 @@ def mlk_attention_reference(query, keys, value, *, log_prior=None, attention_mas
         kernel = torch.matmul(_elu1(q), _mixed_key_features(k, log_prior).transpose(-1, -2))
         allowed = _allowed(attention_mask, is_causal, query.shape[2], keys.shape[3], query.device)
         if allowed is not None:
-            kernel = kernel * allowed
+            kernel = kernel * (allowed if allowed.dtype == torch.bool else allowed.exp())
         weights = (kernel / kernel.sum(-1, keepdim=True).clamp_min(torch.finfo(kernel.dtype).tiny)).to(query.dtype)
         out = torch.matmul(weights.to(v.dtype), v).to(query.dtype)
     return (out, weights) if return_weights else out
@@ -563,9 +585,10 @@ def mlk_attention(query, keys, value, *, log_prior=None, attention_mask=None, is
     normaliser phi(q_i)^T Z grow with N and overflow float16 from N ~ 1k (outputs 0 or NaN), and bfloat16
     prefix sums lose the later terms."""
     _check_shapes(query, keys, value)
-    if return_weights:
+    if return_weights or (attention_mask is not None and attention_mask.dim() == 4):
+        # the weights, or a whole (B, 1, N, S) mask (which the sums over keys cannot apply): the explicit form
         return mlk_attention_reference(query, keys, value, log_prior=log_prior, attention_mask=attention_mask,
-                                       is_causal=is_causal, return_weights=True)
+                                       is_causal=is_causal, return_weights=return_weights)
     n, s = query.shape[2], keys.shape[3]
     with torch.autocast(query.device.type, enabled=False):
         q, k, value, log_prior = _float32(query, keys, value, log_prior)
