@@ -65,7 +65,93 @@ def mgk_cases(args):
             f"MGK-BERT hard, {heads // 2} heads": ("mgk", {"num_attention_heads": heads // 2, "head_dim": head_dim,
                                                            "e_step": "hard"}),
         },
+        "after": [run_mgk_attention],
     }
+
+
+# ------------------------------------------------------------------ MGK attention alone
+# The baseline's H heads of size D against MGK's H/2 heads with M keys, forward + backward of one attention call
+# on random (B, heads, N, D) inputs (the MGK model's attention type and E-step choose the path, as in the model).
+MGK_PATHS = {  # name -> (function, e_step, M); "SDPA-aug" is the augmented-key SDPA path the CPU rule replaced
+    "MGK soft": ("mgk", "soft", 2), "sMGK soft": ("smgk", "soft", 2), "MGK hard": ("mgk", "hard", 2),
+    "sMGK hard": ("smgk", "hard", 2), "MGK soft, SDPA-aug": ("sdpa_aug", "soft", 2),
+}
+
+
+def mgk_paper_flops(path, heads, length, head_dim):
+    """The papers' count (MGK App. B) of one layer's attention, multiply-adds of QK^T (or the M key products) and
+    AV, for the baseline's `heads`: softmax 2 H N^2 D; MGK with H/2 heads (M + 1) H/2 N^2 D (M keys' scores, one
+    value per position); sMGK (one key product for all M shifted keys) 2 H/2 N^2 D. path: "sdpa" or MGK_PATHS."""
+    if path == "sdpa":
+        return 2 * heads * length * length * head_dim
+    kind, _, m = MGK_PATHS[path]
+    return (2 if kind == "smgk" else m + 1) * (heads // 2) * length * length * head_dim
+
+
+def mgk_attention_step(path, heads, length, batch, head_dim):
+    """fwd+bwd of one attention call: SDPA with `heads` heads, or an MGK path with heads // 2."""
+    from hf_mgk import attention_mgk as am
+
+    g = torch.Generator().manual_seed(0)
+    if path == "sdpa":
+        q, k, v = (torch.randn(batch, heads, length, head_dim, generator=g, requires_grad=True) for _ in range(3))
+        grad = torch.randn(batch, heads, length, head_dim, generator=g)
+        return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v).backward(grad)
+    kind, e_step, m = MGK_PATHS[path]
+    h = heads // 2
+    q, v = (torch.randn(batch, h, length, head_dim, generator=g, requires_grad=True) for _ in range(2))
+    grad = torch.randn(batch, h, length, head_dim, generator=g)  # dense, as from the layers above
+    variances = [head_dim ** 0.5 * (1 + 2 * r) for r in range(m)]
+    prior = torch.log_softmax(torch.zeros(h, m), -1).requires_grad_(e_step == "soft")  # the hard E-step ignores pi
+    if kind == "smgk":
+        key = torch.randn(batch, h, length, head_dim, generator=g, requires_grad=True)
+        shift = (0.1 * torch.randn(h, m, head_dim, generator=g)).requires_grad_()
+        return lambda: am.smgk_attention(q, key, shift, v, variances=variances, log_prior=prior,
+                                         e_step=e_step).backward(grad)
+    keys = torch.randn(batch, h, m, length, head_dim, generator=g, requires_grad=True)
+    if kind == "sdpa_aug":
+        var = torch.tensor(variances)
+        return lambda: am._mgk_soft_sdpa(q, keys, v, var, prior, None, False, 0.0).backward(grad)
+    return lambda: am.mgk_attention(q, keys, v, variances=variances, log_prior=prior, e_step=e_step).backward(grad)
+
+
+def measure_mgk_attention(path, heads, length, batch, head_dim, repeats, threads):
+    """In the child: median fwd+bwd seconds, and FlopCounterMode's count of the (untimed) warm-up step."""
+    torch.set_num_threads(threads)
+    step = mgk_attention_step(path, heads, length, batch, head_dim)
+
+    def counted():
+        with flop_counter_mode() as fc:
+            step()
+        return fc.get_total_flops()
+
+    result, flops = _timed(step, repeats, counted)
+    result["flops"] = flops
+    return result
+
+
+def run_mgk_attention(args, spec):
+    """The attention alone, fwd+bwd: each MGK path with H/2 heads against SDPA with H, time and FLOP ratios."""
+    heads, head_dim, batch = args.heads, BERT_SIZE["hidden_size"] // args.heads, args.batch
+    rows = {(p, n): call_child("measure_mgk_attention", [p, heads, n, batch, head_dim, args.repeats, args.threads])
+            for n in spec["lengths"] for p in ("sdpa", *MGK_PATHS)}
+    print(f"\n## mgk: attention alone, forward + backward (B={batch}, D={head_dim}, no mask): MGK paths with "
+          f"{heads // 2} heads, M=2, against SDPA with {heads}; x = time / SDPA's")
+    print("'x paper FLOPs': the papers' count (App. B) of the attention products, forward (softmax 2 H N^2 D, MGK "
+          "(M + 1) H/2 N^2 D, sMGK 2 H/2 N^2 D); the target is 1.1 times it. 'x counted FLOPs': FlopCounterMode on "
+          "the timed step, forward + backward (SDPA by PyTorch's formula: QK^T, AV and 4 backward products).")
+    print("| N | SDPA ms | path | ms | x SDPA | x paper FLOPs | target (1.1x) | x counted FLOPs | peak MiB |")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+    for n in spec["lengths"]:
+        base = rows[("sdpa", n)]
+        for p in MGK_PATHS:
+            r = rows[(p, n)]
+            if "error" in r or "error" in base:
+                print(f"| {n} | | {p} | {r.get('error', base.get('error'))} | | | | | |")
+                continue
+            paper = mgk_paper_flops(p, heads, n, head_dim) / mgk_paper_flops("sdpa", heads, n, head_dim)
+            print(f"| {n} | {_ms(base['seconds'])} | {p} | {_ms(r['seconds'])} | {r['seconds'] / base['seconds']:.2f}"
+                  f" | {paper:.2f} | {1.1 * paper:.3f} | {r['flops'] / base['flops']:.2f} | {r['peak_mib']:.0f} |")
 
 
 # ------------------------------------------------------------------ FiSH-GPT2
@@ -527,7 +613,7 @@ def run_nprf(args):
 
 
 CHILD_FUNCTIONS = {"measure": measure, "measure_attention": measure_attention,
-                   "measure_forward": measure_forward}
+                   "measure_forward": measure_forward, "measure_mgk_attention": measure_mgk_attention}
 
 
 def main():
@@ -559,6 +645,8 @@ def main():
                 results[(case, length)] = run_child(kind, overrides, length, args, spec.get("count_flops", False))
         for table in spec.get("tables", [print_table]):
             table(f"{name}: {FAMILIES[name].__doc__.strip()}", spec, results)
+        for extra in spec.get("after", []):
+            extra(args, spec)
 
 
 if __name__ == "__main__":
