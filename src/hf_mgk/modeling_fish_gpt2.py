@@ -26,6 +26,9 @@ from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
 from transformers.pytorch_utils import Conv1D
 
 from .attention_fish import fish_attention, make_gfish_mixing
+# transformers 5.8 and 5.9 copy, from a local folder, only the siblings the model file itself imports: so it
+# names every sibling its siblings import, too.
+from .config_checks import check_int_range  # noqa: F401
 from .configuration_fish_gpt2 import FiSHGPT2Config
 from .modeling_common import (
     AutoMapMixin,
@@ -43,7 +46,7 @@ from .modeling_common import (
 )
 from .modeling_heads import CausalLMHeadMixin
 from .modeling_warm_start import head_index, hub_kwargs, report_kept_heads, resolve_keep_heads, single_device
-from .transformers_compat import PreTrainedConfig, init
+from .transformers_compat import PreTrainedConfig, TiedParametersCompat, init
 
 
 class FiSHGPT2Attention(nn.Module):
@@ -120,7 +123,7 @@ class FiSHGPT2Block(GradientCheckpointingLayer):
         return hidden_states + self.mlp(self.ln_2(hidden_states)), weights
 
 
-class FiSHGPT2PreTrainedModel(AutoMapMixin, PreTrainedModel):
+class FiSHGPT2PreTrainedModel(AutoMapMixin, TiedParametersCompat, PreTrainedModel):
     config_class = FiSHGPT2Config
     config: FiSHGPT2Config
     base_model_prefix = "transformer"

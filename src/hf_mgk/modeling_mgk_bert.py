@@ -20,6 +20,9 @@ from transformers.models.bert.modeling_bert import (
 )
 
 from .attention_mgk import mgk_attention, mgk_responsibilities, mlk_attention, smgk_attention
+# transformers 5.8 and 5.9 copy, from a local folder, only the siblings the model file itself imports: so it
+# names every sibling its siblings import, too.
+from .config_checks import check_int_range  # noqa: F401
 from .configuration_mgk_bert import MGKBertConfig
 from .modeling_common import (
     AutoMapMixin,
@@ -39,7 +42,7 @@ from .modeling_heads import (
     TokenClassificationHeadMixin,
 )
 from .modeling_warm_start import ENCODER_HEAD_TENSORS, HeadSelectionMixin
-from .transformers_compat import init
+from .transformers_compat import TiedParametersCompat, init
 
 
 class MGKBertSelfAttention(nn.Module):
@@ -163,7 +166,7 @@ class MGKBertSelfAttention(nn.Module):
         return out, weights
 
 
-class MGKBertPreTrainedModel(HeadSelectionMixin, AutoMapMixin, PreTrainedModel):
+class MGKBertPreTrainedModel(HeadSelectionMixin, AutoMapMixin, TiedParametersCompat, PreTrainedModel):
     """`from_pretrained` also takes a stock BERT folder, and fewer heads than it has: `num_attention_heads=H'`
     keeps its first H' heads, `keep_heads=[...]` (one list, or one list per layer) the listed ones (see
     `HeadSelectionMixin`); MGK's extra keys then start from the kept heads' keys."""

@@ -17,6 +17,9 @@ from transformers.modeling_utils import PreTrainedModel
 from transformers.models.roberta.modeling_roberta import RobertaClassificationHead, RobertaLMHead, RobertaPooler
 
 from .attention_nprf import draw_features, nprf_attention, rpe_bias_from_buckets, t5_constant_distance
+# transformers 5.8 and 5.9 copy, from a local folder, only the siblings the model file itself imports: so it
+# names every sibling its siblings import, too.
+from .config_checks import check_int_range  # noqa: F401
 from .configuration_nprf_roberta import NPRFRobertaConfig
 from .modeling_common import (
     AutoMapMixin,
@@ -36,7 +39,7 @@ from .modeling_heads import (
     SequenceClassificationHeadMixin,
 )
 from .modeling_warm_start import ENCODER_HEAD_TENSORS, HeadSelectionMixin
-from .transformers_compat import init
+from .transformers_compat import TiedParametersCompat, init
 
 
 def feature_generator(config, layer_idx, draw):
@@ -189,7 +192,7 @@ class NPRFRobertaSelfAttention(nn.Module):
         return out, weights
 
 
-class NPRFRobertaPreTrainedModel(HeadSelectionMixin, AutoMapMixin, PreTrainedModel):
+class NPRFRobertaPreTrainedModel(HeadSelectionMixin, AutoMapMixin, TiedParametersCompat, PreTrainedModel):
     """`from_pretrained` also takes a stock RoBERTa folder, and fewer heads than it has: `num_attention_heads=H'`
     keeps its first H' heads, `keep_heads=[...]` (one list, or one list per layer) the listed ones (see
     `HeadSelectionMixin`). The relative-position table is shared by all layers: a saved NPRF checkpoint's table

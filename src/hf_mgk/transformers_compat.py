@@ -66,4 +66,20 @@ except ImportError:  # 4.x loads first and initialises only the modules left inc
     }, copy_=_unless_loaded(torch.Tensor.copy_))
 
 
-__all__ = ["ConfigCompat", "PreTrainedConfig", "init"]
+class TiedParametersCompat:
+    """List before `PreTrainedModel`. transformers 5.3.0 drops a custom-code model's tied parameters from the missing
+    keys before it ties them (`mark_tied_weights_as_initialized`), so after `from_pretrained` they are left on the
+    meta device (an LM head without weights): tie each such target to its source here. Any other release leaves
+    no tied parameter on the meta device, and this does nothing."""
+
+    def tie_weights(self, *args, **kwargs):
+        result = super().tie_weights(*args, **kwargs)
+        tied = getattr(self, "_tied_weights_keys", None)
+        for target, source in (tied.items() if isinstance(tied, dict) else ()):
+            if self.get_parameter(target).is_meta and not self.get_parameter(source).is_meta:
+                owner, _, name = target.rpartition(".")
+                setattr(self.get_submodule(owner), name, self.get_parameter(source))
+        return result
+
+
+__all__ = ["ConfigCompat", "PreTrainedConfig", "TiedParametersCompat", "init"]
