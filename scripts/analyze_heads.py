@@ -12,6 +12,7 @@ tokens (special tokens included, as the model sees them), and every layer's atte
     principal_components.png     components explaining --variance of the Eq. 13 covariance per layer, and their
                                  layer average (FiSH paper Table 8)
     attention_maps_layer<l>.png  the attention matrices of one sequence, one row per model, one column per head
+                                 (colours clipped at each matrix's 99th percentile)
     head_analysis.json           every number above, with the settings
     head_analysis.csv            one row per model and layer, plus each model's layer average ("mean")
     rank_histograms.csv          model, layer, rank, count
@@ -159,13 +160,14 @@ def analyse_layers(layers, tol, variance):
     rows = []
     for index, layer in enumerate(layers):
         ranks = analysis.attention_ranks(layer, tol).flatten()
-        mean, var = analysis.head_distances(layer)
+        # One head has no pair to measure: null in the JSON, a gap in the figure.
+        mean, var = analysis.head_distances(layer) if layer[0].shape[0] > 1 else (None, None)
         values, counts = ranks.unique(return_counts=True)
         rows.append({"layer": index, "rank_histogram": {str(v): int(c) for v, c in zip(values.tolist(), counts)},
                      "rank_mean": ranks.double().mean().item(), "distance_mean": mean, "distance_variance": var,
                      "principal_components": analysis.principal_components(layer, variance)})
     keys = ("rank_mean", "distance_mean", "distance_variance", "principal_components")
-    return rows, {k: float(np.mean([r[k] for r in rows])) for k in keys}
+    return rows, {k: None if rows[0][k] is None else float(np.mean([r[k] for r in rows])) for k in keys}
 
 
 def analyse_model(path, tokenizer_path, label, args):
@@ -195,8 +197,8 @@ def _bars(ax, results, key, error=None):
     width = 0.8 / len(results)
     for i, r in enumerate(results):
         x = np.arange(r["num_layers"]) + (i - (len(results) - 1) / 2) * width
-        y = [row[key] for row in r["layers"]]
-        yerr = [np.sqrt(row[error]) for row in r["layers"]] if error else None
+        y = np.array([row[key] for row in r["layers"]], dtype=float)  # None (one head) -> nan: no bar
+        yerr = np.sqrt(np.array([row[error] for row in r["layers"]], dtype=float)) if error else None
         ax.bar(x, y, width, yerr=yerr, capsize=2, label=r["label"])
     ax.set_xlabel("layer")
     ax.set_xticks(range(max(r["num_layers"] for r in results)))
@@ -206,7 +208,8 @@ def _bars(ax, results, key, error=None):
 def _table(ax, results, columns):
     """The paper's layout: one row per model, the layer averages as columns."""
     ax.axis("off")
-    cells = [[f"{r['layer_average'][key]:.{digits}f}" for _, key, digits in columns] for r in results]
+    cells = [["-" if r["layer_average"][key] is None else f"{r['layer_average'][key]:.{digits}f}"
+              for _, key, digits in columns] for r in results]
     table = ax.table(cellText=cells, rowLabels=[r["label"] for r in results],
                      colLabels=[name for name, _, _ in columns], loc="center")
     table.auto_set_font_size(False)
@@ -273,7 +276,9 @@ def plot_maps(results, maps, layer, sequence, path, plt):
             if layer >= r["num_layers"] or head >= r["num_heads"]:
                 ax.axis("off")
                 continue
-            ax.imshow(layer_maps[layer][head].numpy(), cmap="viridis", interpolation="nearest")
+            matrix = layer_maps[layer][head].numpy()
+            # Colours clipped at the matrix's 99th percentile: a few large weights ([CLS], [SEP]) hide the rest.
+            ax.imshow(matrix, cmap="viridis", interpolation="nearest", vmin=0, vmax=np.quantile(matrix, 0.99))
             if head == 0:
                 ax.set_ylabel(r["label"], fontsize=8)
             if row == 0:

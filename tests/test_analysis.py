@@ -375,3 +375,10 @@ def test_script_refusals(checkpoints, tmp_path):
         analyze_heads.main(args + ["--overwrite", "--map_layers", "2"])
     with pytest.raises(SystemExit):
         analyze_heads.main(["--model", paths["mgk"], paths["mgk"], "--text_file", text, "--output_dir", "x"])
+
+
+def test_script_numbers_of_a_one_head_model():
+    """One head has no pair: distances null (not an error); ranks and components as for any model."""
+    rows, average = analyze_heads.analyse_layers([[torch.eye(4)[None], shift(1, 4)[None]]], 1e-6, 0.95)
+    assert rows[0]["distance_mean"] is None and average["distance_variance"] is None
+    assert rows[0]["rank_histogram"] == {"4": 2} and average["principal_components"] == 2  # I, P: 50% each
