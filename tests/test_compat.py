@@ -13,9 +13,10 @@ import os
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 import hf_mgk
-from hf_mgk import hub
+from hf_mgk import bundled, hub
 from hf_mgk.hub import assert_same_outputs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,6 +29,10 @@ BERT = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_he
 GPT2 = dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
             attn_pdrop=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 ROBERTA = dict(BERT, pad_token_id=1, bos_token_id=0, eos_token_id=2, num_random_features=16)
+# A published folder holds the tokenizer too (the card's snippet loads it with AutoTokenizer): one per family.
+TOKENIZERS = {"mgk-mgk": bundled.bert_checkpoint_dir, "fish-fish": bundled.gpt2_tokenizer_dir,
+              "nprf-nprf": bundled.roberta_tokenizer_dir}
+TEXT = "The quick brown fox jumps over the lazy dog. Ünïcödé   spaces!"
 
 
 def _cases():
@@ -131,6 +136,9 @@ def _check(case, workdir):
     model = auto.from_pretrained(folder, trust_remote_code=True).eval()
     got["class"] = [type(model).__module__, type(model).__name__]
     got["run"] = _run(model, inputs, case["generate"])
+    if case["tokens"] is not None:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+        got["tokens"] = tokenizer(case["text"])["input_ids"]
     return got
 
 
@@ -169,6 +177,11 @@ def saved(tmp_path_factory):
         model = cls(config).eval()
         folder = root / name
         model.save_pretrained(folder)
+        tokens = None
+        if name in TOKENIZERS:
+            tokenizer = AutoTokenizer.from_pretrained(TOKENIZERS[name]())
+            tokenizer.save_pretrained(folder)
+            tokens = tokenizer(TEXT)["input_ids"]
         pad = model.config.pad_token_id
         ids, mask = _batch(pad, left=False)
         inputs = {"forward": {"input_ids": ids, "attention_mask": mask}}
@@ -183,7 +196,8 @@ def saved(tmp_path_factory):
                           "fresh": {k: v for k, v in cls(config).state_dict().items() if k in deterministic}}
         cases.append({"name": name, "folder": str(folder), "auto": auto, "class": cls_name, "generate": generate,
                       "inputs": str(root / f"{name}.inputs.pt"), "fields": sorted(own),
-                      "deterministic": deterministic, "bad": {"attention_type": "bogus"}})
+                      "deterministic": deterministic, "bad": {"attention_type": "bogus"}, "tokens": tokens,
+                      "text": TEXT})
     return cases, expected
 
 
@@ -195,6 +209,7 @@ def _compare(got, want, case):
     assert len(got["refused"]) == 2 and all("attention_type" in e for e in got["refused"]), (
         f"attention_type='bogus' not refused by AutoConfig.from_pretrained and the constructor: {got['refused']}")
     assert got["round_trip"], "the config saved and loaded again differs"
+    assert got.get("tokens") == case["tokens"], f"the saved tokenizer gives {got.get('tokens')}, not {case['tokens']}"
     assert got["fresh_finite"], "a fresh model from the config gives non-finite outputs"
     for key, tensor in want["fresh"].items():
         assert torch.equal(got["fresh"][key], tensor), f"a fresh model's {key} is initialised differently"

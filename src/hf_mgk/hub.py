@@ -240,15 +240,21 @@ def _fill(template, values):
     return re.sub(r"\{\{(\w+)\}\}", value, template)
 
 
+# The transformers releases the code files of a published checkpoint are tested on (tests/test_compat.py).
+TESTED_TRANSFORMERS = "4.57 or any 5.x release from 5.0 to 5.23"
+
+
 def usage_snippet(auto, repo_id, revision=None):
-    """Python that loads the model from the Hub with transformers alone, pinned to `revision`."""
+    """Python that loads the model from the Hub with transformers alone, pinned to `revision`, after a line
+    saying which transformers releases it is tested on."""
     pin = f', revision="{revision}"' if revision else ""
     lines = [f"from transformers import {auto}, AutoTokenizer",
              f'model = {auto}.from_pretrained("{repo_id}"{pin}, trust_remote_code=True)',
              # The tokenizer reads config.json too, whose auto_map names custom code: without the flag it asks.
              f'tokenizer = AutoTokenizer.from_pretrained("{repo_id}"{pin}, trust_remote_code=True)',
              *_EXAMPLES.get(auto, [])]
-    return "```python\n" + "\n".join(lines) + "\n```\n"
+    needs = f"Needs only `torch` and `transformers` ({TESTED_TRANSFORMERS}; tested with torch 2.13).\n\n"
+    return needs + "```python\n" + "\n".join(lines) + "\n```\n"
 
 
 def _summary(model, run):
