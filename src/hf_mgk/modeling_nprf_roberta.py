@@ -134,8 +134,12 @@ class NPRFRobertaSelfAttention(nn.Module):
         self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
         self.is_causal = config.is_decoder
         if config.attention_type == "nprf":
-            # W is drawn from random_feature_seed + layer in _init_weights (modules may be built on the meta device).
-            self.register_buffer("features", torch.empty(config.num_random_features, self.head_dim))
+            # W: draw 0 of (random_feature_seed, layer), here and in _init_weights (which fills it after a build on
+            # the meta device, as from_pretrained's), so a module built without weight initialisation has it too.
+            features = torch.empty(config.num_random_features, self.head_dim)
+            if features.device.type != "meta":
+                features.copy_(draw_features(*features.shape, feature_generator(config, layer_idx, 0), device="cpu"))
+            self.register_buffer("features", features)
             # Training forwards so far: saved with the model, so a resumed run redraws W at the same steps.
             self.register_buffer("forward_count", torch.zeros((), dtype=torch.long))
 
