@@ -79,6 +79,9 @@ def parse_args(argv=None):
                 f"{len(args.model)})")
     if not os.path.isfile(args.text_file):
         p.error(f"--text_file {args.text_file} is not a file")
+    for path in args.model:  # a Hub name is not a folder; a folder must be a saved model
+        if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+            p.error(f"--model {path} is a folder without config.json, not a saved model")
     if args.map_layers is not None and min(args.map_layers) < 0:
         p.error(f"--map_layers are layer indices from 0; got {args.map_layers}")
     if args.map_sequence < 0 or args.map_sequence >= args.max_sequences:

@@ -352,7 +352,7 @@ def test_script_end_to_end(checkpoints, capsys):
     assert sum(counts) == 5 * 4
 
 
-def test_script_refusals(checkpoints, tmp_path):
+def test_script_refusals(checkpoints, tmp_path, capsys):
     work, paths, text = checkpoints
     mine = tmp_path / "notes.txt"
     mine.write_text("keep me")
@@ -375,6 +375,10 @@ def test_script_refusals(checkpoints, tmp_path):
         analyze_heads.main(args + ["--overwrite", "--map_layers", "2"])
     with pytest.raises(SystemExit):
         analyze_heads.main(["--model", paths["mgk"], paths["mgk"], "--text_file", text, "--output_dir", "x"])
+    assert "the same label" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        analyze_heads.main(["--model", str(tmp_path), "--text_file", text, "--output_dir", "x"])
+    assert "without config.json" in capsys.readouterr().err
 
 
 def test_script_numbers_of_a_one_head_model():
