@@ -222,11 +222,20 @@ def _causal_share(full, n, s, is_causal):
 
 
 def flop_counter_mode():
+    """FlopCounterMode with the CPU flash kernel's counts, and in-place baddbmm_ counted as baddbmm (PyTorch has no
+    formula for it and would count 0: the blocked MGK and FiSH backwards accumulate their gradients with it)."""
     aten = torch.ops.aten
     return flop_counter.FlopCounterMode(display=False, custom_mapping={
         aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_flops,
         aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward_flops,
+        aten.baddbmm_: _baddbmm_flops,
     })
+
+
+def _baddbmm_flops(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs):
+    """2 b m n k for the product of (b, m, k) and (b, k, n), as PyTorch counts baddbmm (the add is not counted)."""
+    b, m, k = a_shape
+    return 2 * b * m * k * b_shape[-1]
 
 
 def _total(counts):
