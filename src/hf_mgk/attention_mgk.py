@@ -297,16 +297,20 @@ class _MGKBlocks:
         return None, slabs
 
     def probs(self, buf, slabs):
-        """Unnormalised P (B, H, n, e) and what backward needs besides: soft the E_r = exp(L_r) (in place),
-        hard the bool masks of the maxima over keys (None for one key)."""
+        """Unnormalised P (B, H, n, e) and what backward needs besides: soft the E_r = exp(L_r) (in place); hard
+        the weight of each key in d score / d L_r, 1 for the largest term, shared equally by ties as in
+        torch.amax's backward (None for one key; for two keys only key 1's weight w, key 2 gets 1 - w)."""
         if self.hard:
             if self.num_keys == 1:
                 return slabs[0].exp(), None
-            if buf is not None:
-                score = buf.amax(-2)
-                return torch.exp(score), buf == score[..., None, :]
             score = _fold(torch.maximum, slabs)
-            return torch.exp(score), [slab == score for slab in slabs]
+            if self.num_keys == 2:  # heaviside(-inf - -inf = nan) is 0: hidden entries, whose dscore is 0
+                return torch.exp(score), torch.heaviside(slabs[0] - slabs[1], score.new_tensor(0.5))
+            # float weights: products with bool masks and counting them take 3-6x a float pass (measured)
+            wins = [(slab == score).to(score.dtype) for slab in slabs]
+            count = _fold(torch.add, wins).clone()
+            wins = [w.div_(count) for w in wins]
+            return torch.exp(score), (torch.stack(wins, -2) if buf is not None else wins)
         if buf is not None:
             buf.exp_()
         else:
@@ -434,32 +438,30 @@ def _accumulate(acc, end, a, b):
 
 
 def _block_grad(aux, ds, scratch, kept, blk):
-    """dL_r = aux_r * ds for every key r: soft aux = E_r, hard aux = the argmax mask (ds = dscore there), ties
-    sharing the gradient as in torch.amax's backward. MGK: one (B, H, n, M, e) tensor, sMGK: a list. Kept E_r
-    stay as they are (a second backward must find them); the products then go to one reused scratch buffer (a
-    new tensor per block costs page faults: measured 10% of sMGK's backward)."""
+    """dL_r = aux_r * ds for every key r (soft: aux = E_r; hard: the keys' weights from `probs`, ds = dscore).
+    MGK: one (B, H, n, M, e) tensor, sMGK: a list of M slabs. Recomputed E_r are overwritten; kept ones must
+    survive a second backward, so the products go to one reused scratch buffer (a new tensor per block costs
+    page faults: measured 10% of sMGK's backward)."""
     if aux is None:  # hard E-step, one key
         return ([ds] if blk.shared else ds[..., None, :]), scratch
-    if blk.shared:
-        if kept or blk.hard:
-            if scratch is None or scratch.numel() < len(aux) * ds.numel():
-                scratch = ds.new_empty(len(aux) * ds.numel())
-            dl = [torch.mul(a, ds, out=scratch[r * ds.numel():(r + 1) * ds.numel()].view(ds.shape))
-                  for r, a in enumerate(aux)]
-        else:
-            dl = [a.mul_(ds) for a in aux]
-        if blk.hard and bool(sum(a.sum() for a in aux) > ds.numel()):
-            count = _fold(torch.add, [a.to(ds.dtype) for a in aux])
-            dl = [t.div_(count) for t in dl]
-        return dl, scratch
-    if not (kept or blk.hard):
-        return aux.mul_(ds[..., None, :]), scratch
-    if scratch is None or scratch.numel() < aux.numel():
-        scratch = ds.new_empty(aux.numel())
-    dl = torch.mul(aux, ds[..., None, :], out=scratch[:aux.numel()].view(aux.shape))
-    if blk.hard and bool(aux.sum() > ds.numel()):
-        dl.div_(aux.sum(-2, keepdim=True))
-    return dl, scratch
+    m, size = blk.num_keys, ds.numel()
+    if not kept and (not blk.hard or m > 2):
+        return ([a.mul_(ds) for a in aux] if blk.shared else aux.mul_(ds[..., None, :])), scratch
+    if scratch is None or scratch.numel() < m * size:
+        scratch = ds.new_empty(m * size)
+    if blk.shared:  # M contiguous slabs (sMGK's products take one slab)
+        out, slabs = None, [scratch[r * size:(r + 1) * size].view(ds.shape) for r in range(m)]
+    else:  # (B, H, n, M, e), one product over the M * e keys
+        out = scratch[:m * size].view(ds.shape[:3] + (m, ds.shape[-1]))
+        slabs = [out[..., r, :] for r in range(m)]
+    if blk.hard and m == 2:  # aux = key 1's weight w: dL_1 = w ds, dL_2 = ds - dL_1
+        torch.sub(ds, torch.mul(ds, aux, out=slabs[0]), out=slabs[1])
+    elif blk.shared:
+        for a, t in zip(aux, slabs):
+            torch.mul(a, ds, out=t)
+    else:
+        torch.mul(aux, ds[..., None, :], out=out)
+    return (slabs if blk.shared else out), scratch
 
 
 def _blocked_applies(query, attention_mask):
