@@ -182,7 +182,9 @@ def test_clear_errors_for_bad_inputs():
     with pytest.raises(ValueError, match="max_position_embeddings"):
         model(torch.randint(0, 99, (1, 65)))
     with pytest.raises(ValueError, match="padding mask"):
-        model(torch.randint(0, 99, (2, 5)), attention_mask=torch.ones(2, 1, 5, 5))
+        model(torch.randint(0, 99, (2, 5)), attention_mask=torch.ones(2, 6))
+    with pytest.raises(ValueError, match=r"custom mask of shape .*\(2, 1, 5, 5\)"):
+        model(torch.randint(0, 99, (2, 5)), attention_mask=torch.ones(2, 1, 4, 5))
 
 
 # ---------------------------------------------------------------- training behaviour

@@ -50,7 +50,9 @@ def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, att
         scale: multiplies G_k = Q_k K_k^T before mixing; default 1/sqrt(D).
         noise_std: None (no noise, evaluation / hard variants) or a (M,) tensor of sigma_k (training).
             Noise is drawn here, from ``generator`` if given.
-        attention_mask: bool (B, S), True = real token, or None.
+        attention_mask: bool (B, S), True = real token, or None; or a whole (B or 1, 1, N, S) mask for the
+            pairs, bool (True = may attend) or additive float (added to the mixed scores), which is used as
+            it is (with is_causal=False: it says which keys each query sees).
         is_causal: query i sees keys j <= i + S - N (bottom-right aligned: with a KV cache the N
             queries are the last N positions), applied after mixing.
         return_weights: also return the (B, H, N, S) attention probabilities (after dropout).
@@ -129,8 +131,7 @@ def _materialised(query, key, value, mixing, noise_std, eps, hidden, empty, drop
             # (not NaN) where the std is 0, e.g. sigma initialised to 0.
             std = torch.linalg.vector_norm(p * noise_std.to(g.dtype)[:, None], dim=0)  # (H,)
             scores = scores + std[:, None, None] * eps
-    if hidden is not None:
-        scores = scores.masked_fill(hidden, torch.finfo(scores.dtype).min)
+    scores = _masked(scores, hidden)
     # softmax in float32 even when the scores are bf16/fp16 (as HF's eager attention does)
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
     if empty is not None:
@@ -201,13 +202,15 @@ def _mix(p, g):
 def _block_weights(q, k, p, std, eps, hidden, lo):
     """One block of rows: the global scores g (B, M, n, e) and the local softmax weights (B, H, n, e).
 
-    hidden: (B or 1, 1, n, e - lo) bool for the columns lo.. of the block, or None."""
+    hidden: (B or 1, 1, n, e - lo) for the columns lo.. of the block (see _hidden), or None."""
     g = torch.matmul(q, k.transpose(-1, -2))
     a = _mix(p, g)
     if std is not None:
         a.addcmul_(std[:, None, None], eps)
-    if hidden is not None:
+    if hidden is not None and hidden.dtype == torch.bool:
         a[..., lo:].masked_fill_(hidden, torch.finfo(a.dtype).min)
+    elif hidden is not None:
+        a[..., lo:].add_(hidden)
     return g, torch.softmax(a, dim=-1)
 
 
@@ -290,38 +293,57 @@ def _fused_attention(query, key, value, p, scale, attention_mask, is_causal):
         hidden, empty = _hidden(N, S, attention_mask, is_causal, query.device)
     # SDPA's own is_causal is top-left aligned: use it only where that equals bottom-right (N == S).
     # A single query (N = 1, bottom-right aligned) sees every key, so needs no causal mask at all.
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if hidden is None else ~hidden,
+    attn_mask = None if hidden is None else hidden if hidden.is_floating_point() else ~hidden
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
                                          scale=1.0, is_causal=is_causal and N == S and hidden is None)
     out = out[..., :Dv] if size > Dv else out
     return out if empty is None else out.masked_fill(empty, 0.0)
 
 
 def _needs_grad(*tensors):
+    """Whether autograd records this call. Not in a trace or compiled graph (torch.export, torch.onnx, torch.compile,
+    torch.jit.trace): there the plain differentiable formulas run, not the hand-written backward, whose in-place
+    block writes the TorchScript-based ONNX exporter mistranslates."""
+    if torch.jit.is_tracing() or torch.compiler.is_compiling():
+        return False
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def _hidden(N, S, attention_mask, is_causal, device):
     """Which keys each query may not see: (hidden, empty).
 
-    hidden: bool (B or 1, 1, N, S), True where key j is padding or (is_causal) j > i + S - N, or None
+    hidden: bool (B or 1, 1, N, S), True where key j is padding or (is_causal) j > i + S - N, or hidden by a
+    whole (B or 1, 1, N, S) bool mask; a whole additive mask itself (float, added to the scores); or None
     when every key is visible. empty: bool (B or 1, 1, N, 1), True on rows that see no key at all, or
-    None if there are none; those rows are opened to every key here (so no path ever computes a
-    softmax over nothing, which is NaN, with NaN gradients, on some backends) and the caller sets
-    their output to zero.
+    None; those rows are opened to every key here (so no path ever computes a softmax over nothing, which
+    is NaN, with NaN gradients, on some backends) and the caller sets their output to zero. (No test for
+    whether such rows exist: a traced or compiled graph must not depend on the mask's values.)
     """
-    visible = None
-    if is_causal:  # bottom-right aligned
-        visible = torch.ones(N, S, dtype=torch.bool, device=device).tril(S - N)[None, None]
-    if attention_mask is not None:
-        pad = attention_mask[:, None, None, :].to(torch.bool)
-        visible = pad if visible is None else visible & pad
+    if attention_mask is not None and attention_mask.dim() == 4:
+        if attention_mask.is_floating_point():
+            return attention_mask, None
+        visible = attention_mask
+    else:
+        visible = None
+        if is_causal:  # bottom-right aligned
+            visible = torch.ones(N, S, dtype=torch.bool, device=device).tril(S - N)[None, None]
+        if attention_mask is not None:
+            pad = attention_mask[:, None, None, :].to(torch.bool)
+            visible = pad if visible is None else visible & pad
     if visible is None:
         return None, None
     empty = ~visible.any(dim=-1, keepdim=True)
     # expanded (views) to N query rows, so that query blocks can slice them
-    if not bool(empty.any()):
-        return (~visible).expand(-1, -1, N, -1), None
     return (~(visible | empty)).expand(-1, -1, N, -1), empty.expand(-1, -1, N, -1)
+
+
+def _masked(scores, hidden):
+    """scores with what `hidden` (from _hidden) hides set to the dtype's minimum, or its additive mask added."""
+    if hidden is None:
+        return scores
+    if hidden.dtype == torch.bool:
+        return scores.masked_fill(hidden, torch.finfo(scores.dtype).min)
+    return scores + hidden.to(scores.dtype)
 
 
 def _draw_noise(query, mixing, noise_std, H, S, generator):
@@ -351,8 +373,10 @@ def _check_shapes(query, key, value, mixing, noise_std, attention_mask):
         raise TypeError("mixing must be a tensor (M, H) / (M, 1) or an nn.Module mapping M -> H")
     if noise_std is not None and tuple(noise_std.shape) != (M,):
         raise ValueError(f"noise_std must be (M,) = ({M},), got {tuple(noise_std.shape)}")
-    if attention_mask is not None and tuple(attention_mask.shape) != (B, S):
-        raise ValueError(f"attention_mask must be bool (B, S) = {(B, S)}, got {tuple(attention_mask.shape)}")
+    if attention_mask is not None and tuple(attention_mask.shape) != (B, S) and not (
+            attention_mask.dim() == 4 and attention_mask.shape[0] in (1, B) and attention_mask.shape[1:] == (1, N, S)):
+        raise ValueError(f"attention_mask must be bool (B, S) = {(B, S)} or a whole mask (B, 1, N, S) = "
+                         f"{(B, 1, N, S)}, got {tuple(attention_mask.shape)}")
     return B, M, N, D, S, H, Dv
 
 

@@ -134,7 +134,7 @@ def rpe_bias_from_buckets(bucket_bias, length, *, bidirectional=True, max_distan
 
 
 def nprf_attention(query, key, value, rpe_bias, features, *, normalize=True, max_distance=None,
-                   attention_mask=None, is_causal=False, return_weights=False):
+                   attention_mask=None, is_causal=False, return_weights=False, query_offset=None):
     """Eq. (10) of Luo et al. 2021; see the module docstring for the paths and conventions.
 
     query (B, H, N, D), key (B, H, S, D), value (B, H, S, Dv); features (m, D) = W.
@@ -145,17 +145,24 @@ def nprf_attention(query, key, value, rpe_bias, features, *, normalize=True, max
     normalize: unit-norm q and k first (NPRF); False is the unnormalized PRF ablation (its features can
         underflow/overflow for large norms: that is the paper's point, nothing hides it).
     max_distance: b is constant for j − i ≥ max_distance and for j − i ≤ −max_distance (enables the O(N) path).
-    attention_mask: bool (B, S), True = real token. is_causal: c_{j−i} = 0 for j > i.
+    attention_mask: bool (B, S), True = real token; or a whole (B or 1, 1, N, S) mask for the pairs, bool (True =
+        may attend) or additive float (its exp multiplies the pair's term, as c does). A pair mask needs the explicit
+        path (the linear-time paths sum over the keys without forming pairs): it takes that path while its N×S
+        weights fit (B·H·N·S ≤ EXPLICIT_MAX_WEIGHTS) and is refused beyond.
+    is_causal: c_{j−i} = 0 for j > i.
+    query_offset: the position of the first query among the S keys (default S − N, the last N positions; less with
+        a static cache, whose free slots follow the queries).
     Returns z (B, H, N, Dv) and, with return_weights, the (B, H, N, S) attention matrix as well.
     """
     return _nprf_attention(query, key, value, rpe_bias, features, normalize, max_distance, attention_mask,
-                           is_causal, return_weights, path="auto")
+                           is_causal, return_weights, path="auto", query_offset=query_offset)
 
 
 def _nprf_attention(query, key, value, rpe_bias, features, normalize, max_distance, attention_mask, is_causal,
-                    return_weights, path):
+                    return_weights, path, query_offset=None):
     B, H, N, D = query.shape
     S = key.shape[-2]
+    pairs = attention_mask is not None and attention_mask.dim() == 4
     if key.shape != (B, H, S, D) or value.shape[:3] != (B, H, S) or features.shape[-1] != D:
         raise ValueError(f"shapes: query {tuple(query.shape)}, key {tuple(key.shape)}, "
                          f"value {tuple(value.shape)}, features {tuple(features.shape)}")
@@ -164,13 +171,25 @@ def _nprf_attention(query, key, value, rpe_bias, features, normalize, max_distan
     if rpe_bias is not None and (rpe_bias.dim() != 2 or rpe_bias.shape[-1] != 2 * S - 1
                                  or rpe_bias.shape[0] not in (1, H)):
         raise ValueError(f"rpe_bias must be (H, 2S-1) = ({H}, {2 * S - 1}), got {tuple(rpe_bias.shape)}")
+    if pairs and path == "auto" and B * H * N * S > EXPLICIT_MAX_WEIGHTS:
+        raise ValueError(
+            f"a 3-D / 4-D attention mask needs NPRF's explicit path, whose weights (B·H·N·S = {B * H * N * S}) exceed "
+            f"EXPLICIT_MAX_WEIGHTS = {EXPLICIT_MAX_WEIGHTS}; the linear-time paths take a (batch, sequence_length) "
+            "padding mask only")
     if path == "auto":
-        path = _choose_path(B * H, N, S, rpe_bias, max_distance, return_weights)
-    if return_weights and path != "explicit":
-        raise ValueError("return_weights needs the explicit path")
+        path = _choose_path(B * H, N, S, rpe_bias, max_distance, return_weights or pairs)
+    if (return_weights or pairs) and path != "explicit":
+        raise ValueError("return_weights and a 3-D / 4-D attention mask need the explicit path")
 
     dtype = torch.promote_types(query.dtype, torch.float32)
-    valid = None if attention_mask is None else attention_mask.to(device=query.device, dtype=torch.bool)
+    offset = S - N if query_offset is None else query_offset
+    pair_weight, valid = None, None
+    if pairs:  # the pair mask as a factor of each term; keys that no query sees count as padding
+        pair_weight = attention_mask.to(query.device)
+        pair_weight = pair_weight.to(dtype) if pair_weight.dtype == torch.bool else torch.exp(pair_weight.to(dtype))
+        valid = (pair_weight > 0).any(-2).any(1).expand(B, S)
+    elif attention_mask is not None:
+        valid = attention_mask.to(device=query.device, dtype=torch.bool)
     # No half precision inside, even under fp16/bf16 autocast (float32 math, FFT_DTYPE FFTs): the sums over N
     # positive terms overflow float16, and bfloat16 loses the small ones.
     with torch.autocast(query.device.type, enabled=False):
@@ -181,7 +200,7 @@ def _nprf_attention(query, key, value, rpe_bias, features, normalize, max_distan
         v1 = torch.cat([v, v.new_ones(B, H, S, 1)], dim=-1)
         weights = None
         if path == "explicit":
-            out, weights = _explicit(phi_q, phi_k, v1, c)
+            out, weights = _explicit(phi_q, phi_k, v1, c, offset, pair_weight)
         elif path == "fft":
             out = _fft(phi_q, phi_k, v1, c)
         elif path == "band":
@@ -196,7 +215,10 @@ def _nprf_attention(query, key, value, rpe_bias, features, normalize, max_distan
         # Rows without any valid key have den = 0 exactly in Eq. 10; decide them from the mask, not from den,
         # so FFT round-off cannot turn 0/0 into noise, and give them z = 0 and no gradient.
         # Without a mask every row has a key (the first one): no selection needed.
-        has_key = None if valid is None else _rows_with_keys(valid, B, N, S, is_causal)
+        if pairs:
+            has_key = (pair_weight > 0).any(-1, keepdim=True).expand(B, 1, N, 1)
+        else:
+            has_key = None if valid is None else _rows_with_keys(valid, N, is_causal, offset)
         if has_key is not None:
             den = torch.where(has_key, den, torch.ones_like(den))
         z = num / den
@@ -238,12 +260,12 @@ def _feature_maps(q, k, W, normalize, valid, is_causal):
     if normalize:
         # |w_r·k̂| ≤ ‖w_r‖: a bound that does not look at the data, so later tokens cannot change
         # earlier outputs even in round-off.
-        k_shift = W.norm(dim=-1).amax()
+        k_shift = W.norm(dim=-1).amax(-1)
     elif is_causal:
         # w_r·k − ‖k‖²/2 ≤ ‖w_r‖‖k‖ − ‖k‖²/2 ≤ ‖w_r‖²/2: again a bound independent of the data. The max over
         # the keys would let a later key with large features underflow every earlier key to 0 (0/0 = NaN in
         # earlier rows: a causal leak); with the bound, underflow depends on each key alone.
-        k_shift = 0.5 * W.norm(dim=-1).amax().square()
+        k_shift = 0.5 * W.norm(dim=-1).amax(-1).square()
     else:
         # Bidirectional: every query sees every key, so the data's own max keeps the most keys representable.
         k_shift = log_k.amax(dim=(-2, -1), keepdim=True)
@@ -280,20 +302,24 @@ def _toeplitz_coefficients(rpe_bias, S, max_distance, is_causal, dtype, device):
     return torch.exp(b - b.amax(-1, keepdim=True).detach())
 
 
-def _rows_with_keys(valid, B, N, S, is_causal):
-    """(B, 1, N, 1) bool: does query i see at least one valid key?"""
-    if is_causal:  # query i sits at position i + S − N
-        return (valid.cumsum(-1) > 0)[:, S - N:, None][:, None]
-    return valid.any(-1)[:, None, None, None].expand(B, 1, N, 1)
+def _rows_with_keys(valid, N, is_causal, offset):
+    """(B, 1, N, 1) bool: does query i (at position offset + i) see at least one valid key?"""
+    if is_causal:
+        seen = valid.cumsum(-1) > 0
+        return seen[:, offset + torch.arange(N, device=valid.device), None][:, None]
+    return valid.any(-1)[:, None, None, None].expand(valid.shape[0], 1, N, 1)
 
 
-def _explicit(phi_q, phi_k, v1, c):
-    """Reference: unnormalized weights φ(q̂_i)·φ(k̂_j) c_{j−i} for every pair, then Eq. (10) term by term."""
+def _explicit(phi_q, phi_k, v1, c, offset, pair_weight=None):
+    """Reference: unnormalized weights φ(q̂_i)·φ(k̂_j) c_{j−i} for every pair (times the pair mask's factor, if
+    any), then Eq. (10) term by term. Query i sits at position offset + i."""
     N, S = phi_q.shape[-2], phi_k.shape[-2]
-    # Index of the offset j − (i + S − N) in c: j − i + N − 1. Clamped only for N > S (no bias, not causal),
-    # where c ≡ 1 anyway.
-    idx = (torch.arange(S, device=c.device)[None, :] - torch.arange(N, device=c.device)[:, None] + N - 1)
+    # Index of the offset j − (i + offset) in c: j − i − offset + S − 1. Clamped only for N > S (no bias, not
+    # causal), where c ≡ 1 anyway.
+    idx = (torch.arange(S, device=c.device)[None, :] - torch.arange(N, device=c.device)[:, None] - offset + S - 1)
     weights = (phi_q @ phi_k.transpose(-1, -2)) * c[:, idx.clamp(0, 2 * S - 2)]
+    if pair_weight is not None:
+        weights = weights * pair_weight
     return weights @ v1, weights
 
 

@@ -1,26 +1,86 @@
-"""HF glue shared by the model families: masks, input checks, losses that stay exact under accumulation.
+"""HF glue shared by the model families: masks, input checks, the softmax baseline, losses that stay exact under
+accumulation.
 
-Imports torch only: this file travels next to the remote-code model files."""
+Imports torch, transformers and siblings only: this file travels next to the remote-code model files."""
 
 import functools
+import warnings
 
 import torch
 import torch.nn.functional as F
+from transformers import masking_utils
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 
-def padding_mask_from(attention_mask, shape):
-    """The (B, S) bool key mask (True = real token) from a tokenizer's 0/1 `attention_mask`; None if nothing is padded.
+def is_tracing():
+    """Whether this forward is being traced or compiled (torch.export, torch.onnx, torch.compile, torch.jit.trace).
 
-    The attention functions take this 2-D form; a 3-D/4-D mask would be silently misread, so it is refused."""
+    A Python branch that reads tensor values must not run then: the graph would keep the one answer of the example
+    inputs (the TorchScript tracer), or the trace fails on it (torch.export, fullgraph compile)."""
+    return torch.jit.is_tracing() or torch.compiler.is_compiling()
+
+
+def attention_mask_from(attention_mask, batch, query_length, key_length=None):
+    """The mask the attention functions take, from any form a stock model takes.
+
+    - (batch, key_length), a tokenizer's 0/1 padding mask: bool (B, S), True = real token; None when nothing is
+      padded (only outside tracing, so that an exported graph keeps the mask input whatever its example was);
+    - (batch, query_length, key_length) or (batch or 1, 1, query_length, key_length), a custom mask: returned 4-D,
+      bool (True = may attend; 0/1 integers count as bool) or floating (additive: 0 = attend, a large negative
+      value such as the dtype's minimum = do not). It is the whole mask: it replaces the causal mask, as in
+      stock models.
+    key_length: the number of keys, None where the cache decides it (a static cache's length)."""
     if attention_mask is None:
         return None
-    if attention_mask.dim() != 2 or tuple(attention_mask.shape) != tuple(shape):
+    shape = tuple(attention_mask.shape)
+    if attention_mask.dim() == 2:
+        if shape != (batch, key_length) and not (key_length is None and shape[0] == batch):
+            raise ValueError(
+                f"a 2-D attention_mask is a (batch, sequence_length) padding mask of shape {(batch, key_length)} "
+                f"with 1 for real tokens and 0 for padding; got shape {shape}"
+            )
+        mask = attention_mask.bool()
+        return mask if is_tracing() or not bool(mask.all()) else None
+    if attention_mask.dim() == 3:
+        attention_mask = attention_mask[:, None]
+    if (attention_mask.dim() != 4 or attention_mask.shape[0] not in (1, batch) or attention_mask.shape[1] != 1
+            or attention_mask.shape[2] != query_length
+            or (key_length is not None and attention_mask.shape[3] != key_length)):
+        keys = "key_length" if key_length is None else key_length
         raise ValueError(
-            f"attention_mask must be a (batch, sequence_length) padding mask of shape {tuple(shape)} with 1 for real "
-            f"tokens and 0 for padding; got shape {tuple(attention_mask.shape)}"
+            f"attention_mask must be a (batch, sequence_length) padding mask, or a custom mask of shape "
+            f"(batch, query_length, key_length) or (batch, 1, query_length, key_length) = ({batch}, 1, "
+            f"{query_length}, {keys}); got shape {shape}"
         )
-    mask = attention_mask.bool()
-    return None if bool(mask.all()) else mask
+    return attention_mask if attention_mask.is_floating_point() else attention_mask.bool()
+
+
+def is_full_mask(mask):
+    """Whether `mask` (from `attention_mask_from`) is a caller's 4-D mask, which already says which keys each query
+    sees (causality included)."""
+    return mask is not None and mask.dim() == 4
+
+
+def cached_length(cache, layer_idx):
+    """How many positions `cache` holds for this layer before this step's update. (A static cache counts them in a
+    tensor that its update increments in place: this is a copy.)"""
+    past = cache.get_seq_length(layer_idx)
+    return past.clone() if isinstance(past, torch.Tensor) else past
+
+
+def mask_for_cached_keys(mask, is_causal, past, query_length, key_length):
+    """The mask for the keys a cache update returned. A static cache returns every slot it has, the unfilled ones
+    (zeros) too: then a padding mask (or none) becomes the 4-D mask a stock model builds for it, query i (at
+    position past + i) seeing the real keys j <= past + i (j < past + N when not causal). `generate()` passes
+    that 4-D mask itself."""
+    if is_full_mask(mask) or is_tracing() or key_length == past + query_length:
+        return mask
+    key_pos = torch.arange(key_length, device=mask.device if mask is not None else None)
+    last = past + (torch.arange(query_length, device=key_pos.device) if is_causal else query_length - 1)
+    allowed = key_pos <= torch.as_tensor(last, device=key_pos.device).reshape(-1, 1)  # (N or 1, S)
+    if mask is not None:
+        allowed = allowed & F.pad(mask, (0, key_length - mask.shape[-1]))[:, None, :]
+    return allowed.reshape(-1, 1, *allowed.shape[-2:])
 
 
 def check_sequence_length(length, max_positions, field="max_position_embeddings", why=None):
@@ -154,24 +214,139 @@ class AutoMapMixin:
         return super().save_pretrained(save_directory, *args, **kwargs)
 
 
-def softmax_attention(query, key, value, attention_mask, is_causal, dropout_p, scale, return_weights):
-    """Stock scaled dot-product attention, the baseline of every family, with our mask convention.
-
-    attention_mask: bool (B, S), True = real token, or None. Causal masks are bottom-right aligned: with a KV
-    cache the N queries are the last N of the S positions. Returns (output, weights or None); the explicit form,
-    as HF's eager path, runs only when the weights are asked for."""
-    n, s = query.shape[-2], key.shape[-2]
-    allowed = attention_mask[:, None, None, :] if attention_mask is not None else None
-    if is_causal and not (allowed is None and n == s and not return_weights):
-        causal = torch.ones(n, s, dtype=torch.bool, device=query.device).tril(diagonal=s - n)
+def allowed_pairs(attention_mask, is_causal, query_length, key_length, device):
+    """Which (query, key) pairs may interact: None (all), or a (B or 1, 1, N, S) mask, bool (True = may attend) or
+    additive float (a caller's 4-D mask, as it is). attention_mask: None, bool (B, S) or 4-D, from
+    `attention_mask_from`. Causal masks are bottom-right aligned: with a KV cache the N queries are the last N of
+    the S positions."""
+    if is_full_mask(attention_mask):
+        return attention_mask
+    allowed = None if attention_mask is None else attention_mask[:, None, None, :]
+    if is_causal:
+        causal = torch.ones(query_length, key_length, dtype=torch.bool, device=device).tril(key_length - query_length)
         allowed = causal if allowed is None else allowed & causal
-    if not return_weights:
-        plain_causal = is_causal and allowed is None
+    return allowed
+
+
+def masked_scores(scores, allowed):
+    """scores with the pairs `allowed` (from `allowed_pairs`) hides set to the dtype's minimum, or the additive
+    mask added."""
+    if allowed is None:
+        return scores
+    if allowed.dtype == torch.bool:
+        return scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    return scores + allowed.to(scores.dtype)
+
+
+def softmax_attention(module, query, key, value, attention_mask, *, dropout_p=0.0, scale=None, return_weights=False):
+    """Stock scaled dot-product attention, the baseline of every family, run the way `module.config.
+    _attn_implementation` names, as in stock models: "eager" the explicit form, "sdpa" (the default) torch's fused
+    kernel, any other name the function registered under it in transformers' AttentionInterface (flash or flex
+    attention, a kernel from the Hub, your own), given the mask in the form its AttentionMaskInterface entry makes.
+
+    query (B, H, N, D), key / value (B, H, S, D); attention_mask: see `allowed_pairs`; `module.is_causal` says
+    whether the attention is causal. Returns (output (B, H, N, D), weights or None). Weights, when asked for, come
+    from the explicit form whatever the implementation (the fallback stock models of transformers 4 made)."""
+    implementation = getattr(module.config, "_attn_implementation", None) or "sdpa"
+    is_causal = module.is_causal and not is_full_mask(attention_mask)
+    n, s = query.shape[-2], key.shape[-2]
+    if implementation not in ("eager", "sdpa") and not return_weights:
+        return _interface_attention(implementation, module, query, key, value, attention_mask, is_causal, dropout_p,
+                                    scale), None
+    allowed = None
+    if return_weights or implementation == "eager" or attention_mask is not None or n != s:
+        allowed = allowed_pairs(attention_mask, is_causal, n, s, query.device)
+    if not (return_weights or implementation == "eager"):
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, dropout_p=dropout_p,
-                                             is_causal=plain_causal, scale=scale)
+                                             is_causal=is_causal and allowed is None, scale=scale)
         return out, None
     scores = torch.matmul(query, key.transpose(-1, -2)) * (query.shape[-1] ** -0.5 if scale is None else scale)
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    weights = torch.softmax(scores, dim=-1)
+    weights = torch.softmax(masked_scores(scores, allowed), dim=-1)
     return torch.matmul(F.dropout(weights, p=dropout_p), value), weights
+
+
+def _interface_attention(implementation, module, query, key, value, attention_mask, is_causal, dropout_p, scale):
+    """Softmax attention by the function transformers' AttentionInterface holds for `implementation`, with the
+    mask in the form its AttentionMaskInterface entry (the mask builder stock models use with it) makes: flash
+    attention a (B, S) padding mask, flex attention a BlockMask (a caller's additive mask as it is), eager an
+    additive (B, 1, N, S) mask, sdpa and the rest a bool one."""
+    if implementation not in ALL_ATTENTION_FUNCTIONS:
+        raise ValueError(f"attn_implementation={implementation!r} is not registered in transformers' "
+                         f"AttentionInterface (registered: {sorted(ALL_ATTENTION_FUNCTIONS)})")
+    builder = masking_utils.ALL_MASK_ATTENTION_FUNCTIONS.get(implementation)
+    if builder is None:
+        raise ValueError(
+            f"attn_implementation={implementation!r} has no mask builder in transformers' AttentionMaskInterface, so "
+            "it would get no mask: register one too, e.g. AttentionMaskInterface.register(name, sdpa_mask)")
+    n, s = query.shape[-2], key.shape[-2]
+    if builder is masking_utils.flash_attention_mask:
+        if is_full_mask(attention_mask):
+            raise ValueError(f"attn_implementation={implementation!r} takes only a (batch, sequence_length) padding "
+                             "mask, not a 3-D / 4-D one: use 'sdpa' or 'eager' for custom masks")
+        mask = attention_mask
+    else:
+        mask = allowed_pairs(attention_mask, is_causal, n, s, query.device)
+        if mask is not None:  # one row per query, as the mask builders make it (flex attention indexes it so)
+            mask = mask.expand(query.shape[0], 1, n, s)
+        if mask is not None and builder is masking_utils.flex_attention_mask and mask.dtype == torch.bool:
+            mask = _block_mask(mask)  # (an additive mask goes as it is: flex attention adds it to the scores)
+        elif mask is not None and builder is masking_utils.eager_mask:
+            mask = masked_scores(torch.zeros((), dtype=query.dtype, device=query.device), mask)
+        is_causal = is_causal and mask is None
+    out, _ = ALL_ATTENTION_FUNCTIONS[implementation](module, query, key, value, mask, dropout=dropout_p,
+                                                     scaling=scale, is_causal=is_causal)
+    return out.transpose(1, 2)  # the interface's output is (B, N, H, D)
+
+
+def _block_mask(allowed):
+    """Flex attention's BlockMask for a bool (B, 1, N, S) mask, as stock models give it."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask(lambda b, h, q, kv: allowed[b, 0, q, kv], allowed.shape[0], None, allowed.shape[2],
+                             allowed.shape[3], device=allowed.device)
+
+
+_NOTED_TYPES = set()
+
+
+class _SoftmaxOnly:
+    """A `_supports_sdpa`-style flag that tells the truth for each model: only the softmax baseline runs through
+    transformers' attention implementations; the other attention types compute their own kernel. (The class itself
+    answers True: its softmax models do.)"""
+
+    def __get__(self, model, owner=None):
+        if model is None:
+            return True
+        config = model.__dict__.get("config")
+        return getattr(config, "attention_type", "softmax") == "softmax"
+
+
+class AttentionImplementationMixin:
+    """`attn_implementation` as stock models take it, for what it applies to.
+
+    attention_type="softmax" runs through transformers' attention implementations (eager, sdpa, flash, flex, the
+    AttentionInterface), so it accepts and honours each of them. Every other attention type is its own kernel,
+    chosen by `attention_type` and the input (see the attention functions), and returns its weights on every path:
+    it runs as "eager" (so `config.output_attentions = True` works), and asking it for another implementation
+    warns once that `attention_type` chooses its kernel."""
+
+    _supports_sdpa = _SoftmaxOnly()
+    _supports_flash_attn = _SoftmaxOnly()
+    _supports_flex_attn = _SoftmaxOnly()
+
+    @classmethod
+    def _can_set_attn_implementation(cls):
+        return True  # the attention modules read config._attn_implementation at every forward
+
+    def get_correct_attn_implementation(self, requested_attention, is_init_check=False):
+        attention_type = getattr(self.config, "attention_type", "softmax")
+        if attention_type == "softmax":
+            return super().get_correct_attn_implementation(requested_attention, is_init_check)
+        if requested_attention not in (None, "eager") and (type(self).__name__, attention_type) not in _NOTED_TYPES:
+            _NOTED_TYPES.add((type(self).__name__, attention_type))
+            warnings.warn(
+                f"{type(self).__name__}: attn_implementation={requested_attention!r} is not used: "
+                f"attention_type={attention_type!r} chooses its own kernel (attn_implementation applies to "
+                "attention_type='softmax' only); it runs as 'eager' and returns its attention weights on request",
+                stacklevel=2)
+        return "eager"

@@ -31,13 +31,18 @@ from .attention_fish import fish_attention, make_gfish_mixing
 from .config_checks import check_int_range  # noqa: F401
 from .configuration_fish_gpt2 import FiSHGPT2Config
 from .modeling_common import (
+    AttentionImplementationMixin,
     AutoMapMixin,
+    attention_mask_from,
+    cached_length,
     can_return_tuple,
     check_sequence_length,
     classification_loss,
     is_checkpointing,
+    is_full_mask,
+    is_tracing,
+    mask_for_cached_keys,
     output_requested,
-    padding_mask_from,
     parent_of,
     resolve_use_cache,
     run_layers,
@@ -59,6 +64,7 @@ class FiSHGPT2Attention(nn.Module):
         self.config = config
         self.layer_idx = layer_idx
         self.attention_type = config.attention_type
+        self.is_causal = True
         self.num_heads = config.n_head
         self.head_dim = config.attention_head_size
         self.num_qk_heads = self.num_heads if self.attention_type == "softmax" else config.num_global_heads
@@ -85,27 +91,51 @@ class FiSHGPT2Attention(nn.Module):
         return x.view(*x.shape[:-1], n_heads, self.head_dim).transpose(1, 2)
 
     def forward(self, hidden_states, past_key_values=None, attention_mask=None, **kwargs):
-        """attention_mask: bool (B, S_past + N), True = real token, or None."""
+        """attention_mask: None, bool (B, S_past + N) (True = real token) or a caller's whole (B, 1, N, S) mask (see
+        `attention_mask_from`)."""
         query, key, value = self.c_attn(hidden_states).split(self.split, dim=-1)
         query, key = self._heads(query, self.num_qk_heads), self._heads(key, self.num_qk_heads)
         value = self._heads(value, self.num_heads)
         if past_key_values is not None:
-            key, value = past_key_values.update(key, value, self.layer_idx)
+            past = cached_length(past_key_values, self.layer_idx)
+            key, value = self._cache_update(past_key_values, key, value)
+            attention_mask = mask_for_cached_keys(attention_mask, True, past, query.shape[-2], key.shape[-2])
         return_weights = wants_attentions(self.config, kwargs)
         dropout_p = self.attn_dropout.p if self.training else 0.0
         if self.attention_type == "softmax":
-            out, weights = softmax_attention(query, key, value, attention_mask, True, dropout_p, self.scaling,
-                                             return_weights)
+            out, weights = softmax_attention(self, query, key, value, attention_mask, dropout_p=dropout_p,
+                                             scale=self.scaling, return_weights=return_weights)
         else:
             # Evaluation is deterministic: the noise is a training-time regulariser (the authors' LM code adds it
             # at evaluation too).
             noise = self.noise_std if self.training and hasattr(self, "noise_std") else None
             res = fish_attention(query, key, value, self.mixing, scale=self.scaling, noise_std=noise,
-                                 attention_mask=attention_mask, is_causal=True, return_weights=return_weights,
-                                 dropout_p=dropout_p)
+                                 attention_mask=attention_mask, is_causal=not is_full_mask(attention_mask),
+                                 return_weights=return_weights, dropout_p=dropout_p)
             out, weights = res if return_weights else (res, None)
         out = out.transpose(1, 2).reshape(*hidden_states.shape[:-1], self.num_heads * self.head_dim)
         return self.resid_dropout(self.c_proj(out)), weights
+
+    def _cache_update(self, cache, key, value):
+        """Store this step's M keys and H values in the cache; return all keys and values so far.
+
+        A static cache (one that allocates its slots up front, `is_compileable`) gives keys and values one head
+        count and, on transformers 4, one head size: there they travel as one head of width max(M, H) * D each,
+        zero-padded; other caches keep M key heads and H value heads."""
+        m, h = key.shape[1], value.shape[1]
+        if m == h or not getattr(cache, "is_compileable", False):
+            return cache.update(key, value, self.layer_idx)
+        width = max(m, h) * self.head_dim
+
+        def pack(x):  # (B, heads, N, D) -> (B, 1, N, width)
+            x = x.transpose(1, 2).flatten(2)
+            return nn.functional.pad(x, (0, width - x.shape[-1]))[:, None]
+
+        def unpack(x, heads):  # (B, 1, S, width) -> (B, heads, S, D)
+            return x[:, 0, :, :heads * self.head_dim].unflatten(-1, (heads, self.head_dim)).transpose(1, 2)
+
+        key, value = cache.update(pack(key), pack(value), self.layer_idx)
+        return unpack(key, m), unpack(value, h)
 
 
 class FiSHGPT2Block(GradientCheckpointingLayer):
@@ -123,12 +153,11 @@ class FiSHGPT2Block(GradientCheckpointingLayer):
         return hidden_states + self.mlp(self.ln_2(hidden_states)), weights
 
 
-class FiSHGPT2PreTrainedModel(AutoMapMixin, TiedParametersCompat, PreTrainedModel):
+class FiSHGPT2PreTrainedModel(AutoMapMixin, AttentionImplementationMixin, TiedParametersCompat, PreTrainedModel):
     config_class = FiSHGPT2Config
     config: FiSHGPT2Config
     base_model_prefix = "transformer"
     supports_gradient_checkpointing = True
-    _supports_sdpa = True  # accepted so `attn_implementation="sdpa"` does not fail; `attention_type` decides
     _no_split_modules = ["FiSHGPT2Block"]
     _skip_keys_device_placement = ["past_key_values"]
     _keys_to_ignore_on_load_unexpected = [r"attn\.bias", r"attn\.masked_bias"]  # old GPT-2 checkpoints' buffers
@@ -278,13 +307,14 @@ class FiSHGPT2Model(FiSHGPT2PreTrainedModel):
         if position_ids is None:
             check_sequence_length(past + length, self.config.n_positions, "n_positions")
             position_ids = torch.arange(past, past + length, device=inputs_embeds.device)[None]
-        elif int(position_ids.max()) >= self.config.n_positions:
+        elif not is_tracing() and int(position_ids.max()) >= self.config.n_positions:
             check_sequence_length(int(position_ids.max()) + 1, self.config.n_positions, "n_positions")
         hidden_states = inputs_embeds + self.wpe(position_ids)
         if token_type_ids is not None:
             hidden_states = hidden_states + self.wte(token_type_ids)
         hidden_states = self.drop(hidden_states)
-        mask = padding_mask_from(attention_mask, (batch, past + length))
+        static = getattr(past_key_values, "is_compileable", False)  # its keys: every slot, not past + length
+        mask = attention_mask_from(attention_mask, batch, length, None if static else past + length)
         cache = past_key_values if not (self.training and is_checkpointing(self)) else None
         output_hidden_states = output_requested(self.config, "output_hidden_states", output_hidden_states)
         hidden_states, all_hidden, attentions = run_layers(self.h, hidden_states, cache, mask,
@@ -330,7 +360,7 @@ class FiSHGPT2ForSequenceClassification(FiSHGPT2PreTrainedModel):
                                    inputs_embeds=inputs_embeds, use_cache=use_cache, return_dict=True, **kwargs)
         logits = self.score(outputs.last_hidden_state)
         batch = logits.shape[0]
-        if attention_mask is not None:
+        if attention_mask is not None and attention_mask.dim() == 2:
             positions = torch.arange(attention_mask.shape[-1], device=logits.device)
             last = (positions * attention_mask.to(logits.device).long()).argmax(-1)
             last = last - (attention_mask.shape[-1] - logits.shape[1])  # the mask may cover cached tokens

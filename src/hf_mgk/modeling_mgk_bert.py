@@ -25,11 +25,13 @@ from .attention_mgk import mgk_attention, mgk_responsibilities, mlk_attention, s
 from .config_checks import check_int_range  # noqa: F401
 from .configuration_mgk_bert import MGKBertConfig
 from .modeling_common import (
+    AttentionImplementationMixin,
     AutoMapMixin,
+    attention_mask_from,
     can_return_tuple,
     check_sequence_length,
+    is_full_mask,
     output_requested,
-    padding_mask_from,
     parent_of,
     softmax_attention,
     wants_attentions,
@@ -110,12 +112,12 @@ class MGKBertSelfAttention(nn.Module):
         return None  # uniform: a constant that cancels in the softmax over keys
 
     @torch.no_grad()
-    def _m_step(self, query, keys, attention_mask):
+    def _m_step(self, query, keys, attention_mask, is_causal):
         """Eq. 8's pi from this forward's finite responsibilities (E-step with the pi in use) into `prior`; heads
         without any finite pair (one non-finite row cannot turn the prior to NaN) keep their pi."""
         self._m_step_due = False
         pi = mgk_responsibilities(query, keys, variances=self.variances, log_prior=self.log_prior(),
-                                  attention_mask=attention_mask, is_causal=self.is_causal)
+                                  attention_mask=attention_mask, is_causal=is_causal)
         self.prior.copy_(torch.where(torch.isfinite(pi).all(-1, keepdim=True), pi, self.prior.float()))
 
     def _heads(self, x):
@@ -134,22 +136,24 @@ class MGKBertSelfAttention(nn.Module):
         return key[:, :, None] + self.key_shift[None, :, :, None, :]
 
     def forward(self, hidden_states, attention_mask=None, **kwargs):
-        """attention_mask: bool (B, S), True = real token, or None. Returns (output (B, S, H*D), weights or None)."""
+        """attention_mask: None, bool (B, S) (True = real token) or a caller's whole (B, 1, N, S) mask (see
+        `attention_mask_from`). Returns (output (B, S, H*D), weights or None)."""
         return_weights = wants_attentions(self.config, kwargs)
         dropout_p = self.dropout.p if self.training else 0.0
         query = self._heads(self.query(hidden_states))
         value = self._heads(self.value(hidden_states))
         if self.attention_type == "softmax":
-            out, weights = softmax_attention(query, self._heads(self.key(hidden_states)), value, attention_mask,
-                                             self.is_causal, dropout_p, None, return_weights)
+            out, weights = softmax_attention(self, query, self._heads(self.key(hidden_states)), value, attention_mask,
+                                             dropout_p=dropout_p, return_weights=return_weights)
         else:
+            is_causal = self.is_causal and not is_full_mask(attention_mask)
             # sMGK hands its one key and the shifts to smgk_attention (q.k once for all M keys), not M keys
             shared = self.attention_type == "smgk"
             keys = None if shared else self._keys(hidden_states)
             if self.prior_type == "em" and self.training and self._m_step_due:
-                self._m_step(query, self._keys(hidden_states) if shared else keys, attention_mask)
+                self._m_step(query, self._keys(hidden_states) if shared else keys, attention_mask, is_causal)
             kw = dict(variances=self.variances, log_prior=self.log_prior(), e_step=self.config.e_step,
-                      attention_mask=attention_mask, is_causal=self.is_causal, dropout_p=dropout_p,
+                      attention_mask=attention_mask, is_causal=is_causal, dropout_p=dropout_p,
                       return_weights=return_weights)
             if shared:
                 res = smgk_attention(query, self._heads(self.key(hidden_states)), self.key_shift, value, **kw)
@@ -157,7 +161,7 @@ class MGKBertSelfAttention(nn.Module):
                 res = mgk_attention(query, keys, value, **kw)
             else:
                 res = mlk_attention(query, keys, value, log_prior=self.log_prior(), attention_mask=attention_mask,
-                                    is_causal=self.is_causal, return_weights=return_weights)
+                                    is_causal=is_causal, return_weights=return_weights)
             out, weights = res if return_weights else (res, None)
             if not self.is_gaussian and dropout_p > 0:
                 # Linear attention has no probability matrix to drop: drop on the output instead.
@@ -166,7 +170,8 @@ class MGKBertSelfAttention(nn.Module):
         return out, weights
 
 
-class MGKBertPreTrainedModel(HeadSelectionMixin, AutoMapMixin, TiedParametersCompat, PreTrainedModel):
+class MGKBertPreTrainedModel(HeadSelectionMixin, AutoMapMixin, AttentionImplementationMixin, TiedParametersCompat,
+                             PreTrainedModel):
     """`from_pretrained` also takes a stock BERT folder, and fewer heads than it has: `num_attention_heads=H'`
     keeps its first H' heads, `keep_heads=[...]` (one list, or one list per layer) the listed ones (see
     `HeadSelectionMixin`); MGK's extra keys then start from the kept heads' keys."""
@@ -181,7 +186,6 @@ class MGKBertPreTrainedModel(HeadSelectionMixin, AutoMapMixin, TiedParametersCom
         r"attention\.self\.(key_shift|prior_logits|prior)": (0, False),
     }
     supports_gradient_checkpointing = True
-    _supports_sdpa = True  # accepted so `attn_implementation="sdpa"` does not fail; `attention_type` decides
     _no_split_modules = ["BertEmbeddings", "EncoderLayer"]
     _auto_map = {
         "AutoModel": "MGKBertModel",
@@ -260,7 +264,7 @@ class MGKBertModel(MGKBertPreTrainedModel):
                 layer.attention.self.begin_training_forward()
         embedding_output = self.embeddings(input_ids=input_ids, position_ids=position_ids,
                                            token_type_ids=token_type_ids, inputs_embeds=inputs_embeds)
-        mask = padding_mask_from(attention_mask, shape)
+        mask = attention_mask_from(attention_mask, shape[0], shape[1], shape[1])
         output_hidden_states = output_requested(self.config, "output_hidden_states", output_hidden_states)
         sequence_output, hidden_states, attentions = self.encoder(embedding_output, mask,
                                                                   output_hidden_states=output_hidden_states, **kwargs)

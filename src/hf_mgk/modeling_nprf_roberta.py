@@ -22,11 +22,16 @@ from .attention_nprf import draw_features, nprf_attention, rpe_bias_from_buckets
 from .config_checks import check_int_range  # noqa: F401
 from .configuration_nprf_roberta import NPRFRobertaConfig
 from .modeling_common import (
+    AttentionImplementationMixin,
     AutoMapMixin,
+    attention_mask_from,
+    cached_length,
     can_return_tuple,
     check_sequence_length,
+    is_full_mask,
+    is_tracing,
+    mask_for_cached_keys,
     output_requested,
-    padding_mask_from,
     resolve_use_cache,
     softmax_attention,
     wants_attentions,
@@ -77,10 +82,13 @@ class NPRFRobertaEmbeddings(nn.Module):
             token_type_ids = torch.zeros(inputs_embeds.shape[:2], dtype=torch.long, device=inputs_embeds.device)
         embeddings = inputs_embeds + self.token_type_embeddings(token_type_ids)
         if hasattr(self, "position_embeddings"):
-            if position_ids is None:
+            top = None  # the largest position: read from the ids, or in a trace (which must not read values)
+            if position_ids is None:  # bounded by the shapes when counted here
                 position_ids = self._roberta_positions(input_ids, inputs_embeds, past_length)
-            top = int(position_ids.max())
-            if top >= self.position_embeddings.num_embeddings:
+                top = self.padding_idx + past_length + inputs_embeds.shape[1] if is_tracing() else None
+            if not is_tracing():
+                top = int(position_ids.max())
+            if top is not None and top >= self.position_embeddings.num_embeddings:
                 usable = self.position_embeddings.num_embeddings - self.padding_idx - 1
                 check_sequence_length(top - self.padding_idx, usable, why=(
                     f"max_position_embeddings={self.position_embeddings.num_embeddings} minus RoBERTa's padding "
@@ -170,13 +178,17 @@ class NPRFRobertaSelfAttention(nn.Module):
         query = self._heads(self.query(hidden_states))
         key = self._heads(self.key(hidden_states))
         value = self._heads(self.value(hidden_states))
+        past = None  # where the queries sit: after the cached positions (a static cache has free slots after them)
         if past_key_values is not None:
+            past = cached_length(past_key_values, self.layer_idx)
             key, value = past_key_values.update(key, value, self.layer_idx)
+            attention_mask = mask_for_cached_keys(attention_mask, self.is_causal, past, query.shape[-2],
+                                                  key.shape[-2])
         return_weights = wants_attentions(self.config, kwargs)
         if self.config.attention_type == "softmax":
             dropout_p = self.dropout.p if self.training else 0.0
-            out, weights = softmax_attention(query, key, value, attention_mask, self.is_causal, dropout_p, None,
-                                             return_weights)
+            out, weights = softmax_attention(self, query, key, value, attention_mask, dropout_p=dropout_p,
+                                             return_weights=return_weights)
         else:
             if not self.config.normalize_qk:
                 # The PRF ablation estimates the softmax kernel exp(q.k / sqrt(D)), as Performer does: phi is
@@ -187,8 +199,9 @@ class NPRFRobertaSelfAttention(nn.Module):
                 bias = relative_position(key.shape[-2])
                 max_distance = relative_position.constant_beyond
             res = nprf_attention(query, key, value, bias, self.features, normalize=self.config.normalize_qk,
-                                 max_distance=max_distance, attention_mask=attention_mask, is_causal=self.is_causal,
-                                 return_weights=return_weights)
+                                 max_distance=max_distance, attention_mask=attention_mask,
+                                 is_causal=self.is_causal and not is_full_mask(attention_mask),
+                                 return_weights=return_weights, query_offset=past)
             out, weights = res if return_weights else (res, None)
             # No probability matrix is formed on the fast paths, so attention dropout acts on the output.
             out = self.dropout(out)
@@ -196,7 +209,8 @@ class NPRFRobertaSelfAttention(nn.Module):
         return out, weights
 
 
-class NPRFRobertaPreTrainedModel(HeadSelectionMixin, AutoMapMixin, TiedParametersCompat, PreTrainedModel):
+class NPRFRobertaPreTrainedModel(HeadSelectionMixin, AutoMapMixin, AttentionImplementationMixin, TiedParametersCompat,
+                                 PreTrainedModel):
     """`from_pretrained` also takes a stock RoBERTa folder, and fewer heads than it has: `num_attention_heads=H'`
     keeps its first H' heads, `keep_heads=[...]` (one list, or one list per layer) the listed ones (see
     `HeadSelectionMixin`). The relative-position table is shared by all layers: a saved NPRF checkpoint's table
@@ -208,7 +222,6 @@ class NPRFRobertaPreTrainedModel(HeadSelectionMixin, AutoMapMixin, TiedParameter
     _stock_model_type = "roberta"
     _head_tensors = {**ENCODER_HEAD_TENSORS, r"relative_position\.weight": (0, False)}
     supports_gradient_checkpointing = True
-    _supports_sdpa = True  # accepted so `attn_implementation="sdpa"` does not fail; `attention_type` decides
     _no_split_modules = ["NPRFRobertaEmbeddings", "EncoderLayer"]
     _keys_to_ignore_on_load_unexpected = [r"embeddings\.position_ids", r"embeddings\.token_type_ids"]
     _auto_map = {
@@ -264,7 +277,8 @@ class NPRFRobertaModel(NPRFRobertaPreTrainedModel):
             for layer in self.encoder.layer:
                 layer.attention.self.count_forward()
         embedding_output = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, past)
-        mask = padding_mask_from(attention_mask, (shape[0], past + shape[1]))
+        static = getattr(past_key_values, "is_compileable", False)  # its keys: every slot, not past + length
+        mask = attention_mask_from(attention_mask, shape[0], shape[1], None if static else past + shape[1])
         sequence_output, hidden_states, attentions = self.encoder(
             embedding_output, mask, past_key_values=past_key_values,
             relative_position=getattr(self, "relative_position", None),
