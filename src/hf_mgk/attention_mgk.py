@@ -194,11 +194,14 @@ def _mgk_soft_sdpa(query, keys, value, var, log_prior, attention_mask, is_causal
 #   Elementwise passes over a block's (n, S) matrices: forward M exp, M - 1 adds, 1 row sum (sMGK: + 2 (M - 1)
 #       derivations); backward M products dL_r = E_r dS', M row and M column sums (sMGK: + M - 1 adds for dG).
 #       The hard E-step: 1 max over keys, 1 exp, 1 comparison / M products with the argmax mask.
-# Measured on the 2-core CPU this was written on (N = 512, forward + backward, 1 thread): the products run at
-# about SDPA's rate, and the elementwise passes plus per-op overhead add about half the products' time again.
+# Measured on a shared 2-core CPU (N = 512, B = 1, 4 heads against SDPA's 8, D = 64, forward + backward, 1 thread,
+# interleaved with SDPA): the products alone take 0.66x (MGK) / 0.50x (sMGK) of SDPA's time, i.e. they run at
+# SDPA's rate; the passes over the (n, S) blocks (exp, E_r dS', sums) and per-op overhead add 0.3-0.5x of it,
+# where SDPA's kernel does that work inside its cache-resident tiles: 1.06-1.3x (MGK) and 0.92-1.05x (sMGK) of
+# SDPA; with dropout 0.53x (SDPA and the augmented-key SDPA then take the math path and draw 2x the masks).
 _BLOCK_ROWS = 128
 _MIN_ROW_SUM = math.exp(-40.0)
-# The block probabilities are kept for backward (no recomputed scores: measured 10-25% faster at N = 512-2048)
+# The block probabilities are kept for backward (no recomputed scores: measured 7-28% faster at N = 512-2048)
 # while they take at most this many bytes per call; above it they are recomputed (O(N) memory).
 _KEEP_BYTES = 2**28
 
@@ -496,8 +499,10 @@ def mgk_attention(query, keys, value, *, variances, log_prior=None, e_step="soft
 
     Every path is exact; the rule:
     * `return_weights`: the N x N x M matmul form, the only one that hands out the (B, H, N, S) matrix;
-    * on the CPU in float32 / float64 outside autocast: the blocked path (section comment above), with or
-      without autograd, so that training and evaluation compute bit for bit the same function;
+    * on the CPU in float32 / float64 outside autocast (a (B, S) mask or none, not traced or compiled): the
+      blocked path (section comment above), with or without autograd, so that training and evaluation compute
+      bit for bit the same function (measured: faster than the augmented-key SDPA call in training, N = 128-2048;
+      without autograd 0.8-1.3x of it);
     * otherwise (accelerators, half precision, autocast) the soft E-step as one SDPA call over the M*S
       augmented keys (flash kernels, O(N) memory), the hard E-step in the matmul form.
     With dropout the blocked path drops a_ij itself; SDPA over the augmented keys drops each key's share of it
