@@ -68,16 +68,19 @@ def cached_length(cache, layer_idx):
     return past.clone() if isinstance(past, torch.Tensor) else past
 
 
-def mask_for_cached_keys(mask, is_causal, past, query_length, key_length):
+def mask_for_cached_keys(mask, is_causal, past, query_length, key_length, device):
     """The mask for the keys a cache update returned. A static cache returns every slot it has, the unfilled ones
     (zeros) too: then a padding mask (or none) becomes the 4-D mask a stock model builds for it, query i (at
     position past + i) seeing the real keys j <= past + i (j < past + N when not causal). `generate()` passes
-    that 4-D mask itself."""
-    if is_full_mask(mask) or is_tracing() or key_length == past + query_length:
+    that 4-D mask itself. (A static cache counts `past` in a tensor: in a trace, where its value may not be read,
+    the mask is built whatever it is.)"""
+    if is_full_mask(mask):
         return mask
-    key_pos = torch.arange(key_length, device=mask.device if mask is not None else None)
-    last = past + (torch.arange(query_length, device=key_pos.device) if is_causal else query_length - 1)
-    allowed = key_pos <= torch.as_tensor(last, device=key_pos.device).reshape(-1, 1)  # (N or 1, S)
+    if not (is_tracing() and isinstance(past, torch.Tensor)) and key_length == past + query_length:
+        return mask  # every key is a filled one
+    key_pos = torch.arange(key_length, device=device)
+    last = past + (torch.arange(query_length, device=device) if is_causal else query_length - 1)
+    allowed = key_pos <= torch.as_tensor(last, device=device).reshape(-1, 1)  # (N or 1, S)
     if mask is not None:
         allowed = allowed & F.pad(mask, (0, key_length - mask.shape[-1]))[:, None, :]
     return allowed.reshape(-1, 1, *allowed.shape[-2:])

@@ -99,7 +99,8 @@ class FiSHGPT2Attention(nn.Module):
         if past_key_values is not None:
             past = cached_length(past_key_values, self.layer_idx)
             key, value = self._cache_update(past_key_values, key, value)
-            attention_mask = mask_for_cached_keys(attention_mask, True, past, query.shape[-2], key.shape[-2])
+            attention_mask = mask_for_cached_keys(attention_mask, True, past, query.shape[-2], key.shape[-2],
+                                                  key.device)
         return_weights = wants_attentions(self.config, kwargs)
         dropout_p = self.attn_dropout.p if self.training else 0.0
         if self.attention_type == "softmax":

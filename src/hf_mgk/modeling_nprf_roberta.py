@@ -183,7 +183,7 @@ class NPRFRobertaSelfAttention(nn.Module):
             past = cached_length(past_key_values, self.layer_idx)
             key, value = past_key_values.update(key, value, self.layer_idx)
             attention_mask = mask_for_cached_keys(attention_mask, self.is_causal, past, query.shape[-2],
-                                                  key.shape[-2])
+                                                  key.shape[-2], key.device)
         return_weights = wants_attentions(self.config, kwargs)
         if self.config.attention_type == "softmax":
             dropout_p = self.dropout.p if self.training else 0.0
