@@ -55,8 +55,8 @@ def parse_args(argv=None):
                                                 "BERT; fish-gpt2 and nprf-roberta need a GPT-2 / RoBERTa one)")
     p.add_argument("--adapt_files", nargs="*", help="text files for the language-modeling stage (default: three "
                                                     "Shakespeare plays, a fourth held out)")
-    p.add_argument("--adapt_steps", type=int, default=60, help="language-modeling steps (default 60)")
-    p.add_argument("--finetune_steps", type=int, default=250, help="fine-tuning steps (default 250)")
+    p.add_argument("--adapt_steps", type=int, default=30, help="language-modeling steps (default 30)")
+    p.add_argument("--finetune_steps", type=int, default=150, help="fine-tuning steps (default 150)")
     p.add_argument("--max_train_samples", type=int, help="fine-tuning sentences used (default: all 8,455)")
     p.add_argument("--max_eval_samples", type=int, help="held-out sentences scored (default: all 2,111)")
     p.add_argument("--max_seq_length", type=int, default=128, help="block length of the adaptation stage")
