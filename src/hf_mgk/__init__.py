@@ -4,7 +4,7 @@ Importing the package registers every configuration and model with the Auto clas
 mapping to each config class so `save_pretrained` writes an `auto_map` naming all of them (remote code)."""
 
 from .attention_fish import fish_attention
-from .attention_mgk import mgk_attention, mlk_attention
+from .attention_mgk import mgk_attention, mlk_attention, smgk_attention
 from .attention_nprf import nprf_attention
 from .configuration_fish_gpt2 import FiSHGPT2Config
 from .configuration_nprf_roberta import NPRFRobertaConfig
@@ -75,6 +75,7 @@ __all__ = [
     "FiSHGPT2ForSequenceClassification",
     "mgk_attention",
     "mlk_attention",
+    "smgk_attention",
     "MGKBertConfig",
     "MGKBertModel",
     "MGKBertForMaskedLM",
