@@ -12,7 +12,7 @@ tokens (special tokens included, as the model sees them), and every layer's atte
     principal_components.png     components explaining --variance of the Eq. 13 covariance per layer, and their
                                  layer average (FiSH paper Table 8)
     attention_maps_layer<l>.png  the attention matrices of one sequence, one row per model, one column per head
-                                 (colours clipped at each matrix's 99th percentile)
+                                 (colours span each matrix's 1st to 99th percentile)
     head_analysis.json           every number above, with the settings
     head_analysis.csv            one row per model and layer, plus each model's layer average ("mean")
     rank_histograms.csv          model, layer, rank, count
@@ -280,8 +280,10 @@ def plot_maps(results, maps, layer, sequence, path, plt):
                 ax.axis("off")
                 continue
             matrix = layer_maps[layer][head].numpy()
-            # Colours clipped at the matrix's 99th percentile: a few large weights ([CLS], [SEP]) hide the rest.
-            ax.imshow(matrix, cmap="viridis", interpolation="nearest", vmin=0, vmax=np.quantile(matrix, 0.99))
+            # Colours span the matrix's 1st to 99th percentile: a few large weights ([CLS], [SEP]) would hide the
+            # rest, and a nearly uniform matrix would be one colour.
+            low, high = np.quantile(matrix, [0.01, 0.99])
+            ax.imshow(matrix, cmap="viridis", interpolation="nearest", vmin=low, vmax=max(high, low + 1e-12))
             if head == 0:
                 ax.set_ylabel(r["label"], fontsize=8)
             if row == 0:
