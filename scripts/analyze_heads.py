@@ -37,8 +37,7 @@ OUTPUT_FILES = ("ranks.png", "head_distances.png", "principal_components.png", "
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", nargs="+", required=True,
                    help="checkpoint folders or Hub names, e.g. a family and its softmax baseline")
     p.add_argument("--labels", nargs="+", help="a name per model for the figures (default: the folder names)")
@@ -46,15 +45,21 @@ def parse_args(argv=None):
                    help="a tokenizer for every model, or one per model (default: each model's own folder)")
     p.add_argument("--text_file", required=True, help="a UTF-8 text file; its tokens are cut into blocks")
     p.add_argument("--output_dir", required=True)
-    p.add_argument("--max_sequences", type=int, default=64, help="blocks of the text to analyse")
-    p.add_argument("--max_length", type=int, default=128, help="tokens per block, special tokens included")
-    p.add_argument("--batch_size", type=int, default=8)
-    p.add_argument("--tol", type=float, default=1e-6, help="singular values above it count towards the rank")
-    p.add_argument("--variance", type=float, default=0.95, help="share explained by the principal components")
+    p.add_argument("--max_sequences", type=int, default=64,
+                   help="blocks of the text to analyse (default: %(default)s)")
+    p.add_argument("--max_length", type=int, default=128,
+                   help="tokens per block, special tokens included (default: %(default)s)")
+    p.add_argument("--batch_size", type=int, default=8, help="sequences per forward (default: %(default)s)")
+    p.add_argument("--tol", type=float, default=1e-6,
+                   help="singular values above it (absolute) count towards the rank (default: %(default)s)")
+    p.add_argument("--variance", type=float, default=0.95,
+                   help="share explained by the principal components (default: %(default)s)")
     p.add_argument("--map_layers", type=int, nargs="+",
                    help="layers whose attention maps are drawn (default: the first and the last)")
-    p.add_argument("--map_sequence", type=int, default=0, help="which block the attention maps show")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--map_sequence", type=int, default=0,
+                   help="which block the attention maps show (default: %(default)s)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="where the models run (default: cuda when available, else cpu)")
     p.add_argument("--no_progress", action="store_true", help="no progress bar")
     p.add_argument("--overwrite", action="store_true",
                    help="write into a non-empty --output_dir (earlier outputs of this script there are replaced)")
