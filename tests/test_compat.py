@@ -1,11 +1,13 @@
 """Published checkpoints load on the transformers releases users have.
 
 Every family is saved with this package (each attention type with its language-model head, the other Auto classes
-with the default type), then loaded with `trust_remote_code=True` in virtualenvs without hf_mgk and with another
-transformers release (built once under .compat/ by `hub.clean_python`, from PyPI): the weights must be the saved
-ones bit for bit, every output equal to float32 round-off (logits, hidden states, attention weights, the tuple
-form), and the greedy generations of the causal LMs the same tokens. One child process per release loads every
-folder. HF_MGK_COMPAT_VERSIONS="5.5.4,5.15.1" runs other releases instead of the default ones."""
+with the default type, a tokenizer per family), then loaded with `trust_remote_code=True` in virtualenvs without
+hf_mgk and with another transformers release (built once under .compat/ by `hub.clean_python`, from PyPI). There
+the config must hold the saved fields, refuse a bad value and survive a save/load round trip; a fresh model must
+initialise what is deterministic the same; the loaded weights must be the saved ones bit for bit, every output
+equal to float32 round-off (logits, hidden states, attention weights, the tuple form), the greedy generations of
+the causal LMs the same tokens and the tokenizers the same ids. One child process per release loads every folder.
+HF_MGK_COMPAT_VERSIONS="5.5.4,5.15.1" runs other releases instead of the default ones."""
 
 import inspect
 import json
@@ -36,7 +38,7 @@ TEXT = "The quick brown fox jumps over the lazy dog. Ünïcödé   spaces!"
 
 
 def _cases():
-    """(name, hf_mgk class, config class, config fields, Auto class, generate?)."""
+    """(name, hf_mgk class name, config class, config fields, Auto class) of every saved folder."""
     mgk, fish, nprf = hf_mgk.MGKBertConfig, hf_mgk.FiSHGPT2Config, hf_mgk.NPRFRobertaConfig
     cases = []
     for kind in ("softmax", "mgk", "smgk", "mlk", "smlk"):
