@@ -148,3 +148,22 @@ def test_keyword_paths_still_apply_good_values(saved_folders):
     config = NPRFRobertaConfig.from_pretrained(saved_folders["nprf"], num_attention_heads=3)
     assert (config.num_attention_heads, config.head_dim) == (3, 8)
     assert NPRFRobertaConfig.from_pretrained(saved_folders["nprf"], num_attention_heads=4).head_dim is None
+
+
+def test_a_new_num_keys_when_loading_takes_its_default_variances(tmp_path):
+    from transformers import BertConfig, BertModel
+
+    from hf_mgk import MGKBertConfig, MGKBertModel
+
+    stock = tmp_path / "bert"
+    BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37)
+              ).save_pretrained(stock)
+    model = MGKBertModel.from_pretrained(stock, attention_type="mgk", num_keys=3)
+    assert model.config.num_keys == 3 and model.config.mgk_variances == [1.0, 3.0, 5.0]
+    ours = tmp_path / "mgk"
+    MGKBertModel(MGKBertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37,
+                               mgk_variances=[1.0, 0.5])).save_pretrained(ours)
+    # Variances the checkpoint chose are kept: a different num_keys is then an error naming them, not a silent reset.
+    with pytest.raises(ValueError, match="mgk_variances must have num_keys=3 entries"):
+        MGKBertConfig.from_pretrained(ours, num_keys=3)
+    assert MGKBertConfig.from_pretrained(ours, num_keys=3, mgk_variances=[1, 2, 3]).mgk_variances == [1.0, 2.0, 3.0]

@@ -52,6 +52,14 @@ class MGKBertConfig(ValidatedConfig, ConfigCompat, BertConfig):
         super().__post_init__(**kwargs)
         self.check_fields()
 
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        # The default variances follow num_keys: a num_keys given when loading a checkpoint that has no variances (a
+        # stock BERT) gets the default for it. Variances a saved MGK config holds are kept (then checked).
+        if "num_keys" in kwargs and "mgk_variances" not in kwargs and config_dict.get("mgk_variances") is None:
+            kwargs["mgk_variances"] = None
+        return super().from_dict(config_dict, **kwargs)
+
     def check_fields(self):
         check_choice("attention_type", self.attention_type, MGK_ATTENTION_TYPES)
         check_int_range("num_keys", self.num_keys, 1)
