@@ -275,7 +275,8 @@ def test_em_prior_used_in_a_forward_is_the_previous_forwards_estimate(kw):
             att = layer.attention.self
             name = f"bert.encoder.layer.{i}.attention.self.prior"
             with torch.no_grad():
-                pi = mgk_responsibilities(att._heads(att.query(hidden)), att._keys(hidden), variances=att.variances,
+                pi = mgk_responsibilities(att._heads(att.query(hidden)), att.all_keys(att._keys(hidden)),
+                                          variances=att.variances,
                                           log_prior=used[name].log(), attention_mask=mask.bool())
             assert_close(estimated[name], pi, rtol=1e-6, msg=name)
             assert not torch.equal(estimated[name], used[name])

@@ -6,8 +6,6 @@ checkpoint folder loads into these classes; only the self-attention changes. The
 saved folder works with `trust_remote_code=True` without `hf_mgk` installed.
 """
 
-import math
-
 import torch
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions
@@ -19,10 +17,11 @@ from transformers.models.bert.modeling_bert import (
     BertPooler,
 )
 
-from .attention_mgk import mgk_attention, mgk_responsibilities, mlk_attention, smgk_attention
 # transformers 5.8 and 5.9 copy, from a local folder, only the siblings the model file itself imports: so it
 # names every sibling its siblings import, too.
+from .attention_mgk import mgk_attention  # noqa: F401
 from .config_checks import check_int_range  # noqa: F401
+from .configuration_mgk import MGKConfigMixin  # noqa: F401
 from .configuration_mgk_bert import MGKBertConfig
 from .modeling_common import (
     AttentionImplementationMixin,
@@ -30,10 +29,7 @@ from .modeling_common import (
     attention_mask_from,
     can_return_tuple,
     check_sequence_length,
-    is_full_mask,
     output_requested,
-    parent_of,
-    softmax_attention,
     wants_attentions,
 )
 from .modeling_encoder import Encoder
@@ -43,129 +39,52 @@ from .modeling_heads import (
     SequenceClassificationHeadMixin,
     TokenClassificationHeadMixin,
 )
+from .modeling_mgk import MGKAttentionCore, init_mgk_weights
 from .modeling_warm_start import ENCODER_HEAD_TENSORS, HeadSelectionMixin
 from .transformers_compat import TiedParametersCompat, init
 
 
-class MGKBertSelfAttention(nn.Module):
-    """Self-attention of one layer: softmax (baseline) or a mixture of M keys per position.
+class MGKBertSelfAttention(MGKAttentionCore):
+    """Self-attention of one layer: softmax (baseline) or a mixture of M keys per position (see `MGKAttentionCore`).
 
     Weight names follow BERT (`query`, `key`, `value`); option A adds `extra_keys` (keys 2..M), option B a
-    per-head `key_shift` (M, D). The prior is `prior_logits` (learned), the `prior` buffer (em) or absent.
-
-    The EM prior is lagged: a training forward uses the pi in `prior` when it began, and its M-step (from this
-    forward's responsibilities) replaces `prior` for the next forward. The model announces each training
-    forward by calling `begin_training_forward()` on every attention module before its layers run."""
+    per-head `key_shift` (H, M, D)."""
 
     def __init__(self, config: MGKBertConfig, layer_idx=None):
-        super().__init__()
-        self.config = config
+        super().__init__(config, config.num_attention_heads, config.attention_head_size, config.is_decoder,
+                         config.attention_probs_dropout_prob)
         self.layer_idx = layer_idx
-        self.attention_type = config.attention_type
-        self.num_heads = config.num_attention_heads
-        self.head_dim = config.attention_head_size
-        self.num_keys = config.num_keys if config.attention_type != "softmax" else 1
         inner = self.num_heads * self.head_dim
         self.query = nn.Linear(config.hidden_size, inner)
         self.key = nn.Linear(config.hidden_size, inner)
         self.value = nn.Linear(config.hidden_size, inner)
-        self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
-        self.is_causal = config.is_decoder
-        if self.attention_type in ("mgk", "mlk"):
+        if self.has_extra_keys:
             self.extra_keys = nn.ModuleList(nn.Linear(config.hidden_size, inner) for _ in range(self.num_keys - 1))
-        if self.attention_type in ("smgk", "smlk"):
-            self.key_shift = nn.Parameter(torch.zeros(self.num_heads, self.num_keys, self.head_dim))
-        uses_prior = self.attention_type != "softmax" and not (self.is_gaussian and config.e_step == "hard")
-        self.prior_type = config.mgk_prior if uses_prior else None
-        if self.prior_type == "learned":
-            self.prior_logits = nn.Parameter(torch.zeros(self.num_heads, self.num_keys))
-        elif self.prior_type == "em":
-            self.register_buffer("prior", torch.full((self.num_heads, self.num_keys), 1.0 / self.num_keys))
-            self._prior_in_use = None  # the pi of the running training forward (see begin_training_forward)
-            self._m_step_due = False
-        # sigma_r^2 are fixed multiples of sqrt(D) (Sec. 2.3: "we fix the variance ... to sqrt(D)").
-        self.variances = [v * math.sqrt(self.head_dim) for v in config.mgk_variances[: self.num_keys]]
 
-    @property
-    def is_gaussian(self):
-        return self.attention_type in ("mgk", "smgk")
-
-    @torch.no_grad()
-    def begin_training_forward(self):
-        """Once per training forward of the model, before its layers run (as NPRF's `count_forward`).
-
-        EM prior: freeze the pi this forward uses (the estimate of the previous forward) and let this forward's
-        first pass through the layer run the M-step into `prior`, for the next forward. Inside the layer alone
-        this could not work: gradient checkpointing runs the layer again in backward, which would repeat the
-        M-step and recompute with another pi than the forward's (other gradients); and in a causal model a pi
-        estimated from this forward's responsibilities would let every token see the batch's later tokens."""
-        if self.prior_type == "em":
-            self._prior_in_use = self.prior.clone()
-            self._m_step_due = True
-
-    def log_prior(self):
-        if self.prior_type == "learned":
-            return torch.log_softmax(self.prior_logits, dim=-1)
-        if self.prior_type == "em":
-            prior = self._prior_in_use if self.training and self._prior_in_use is not None else self.prior
-            return prior.clamp_min(torch.finfo(prior.dtype).tiny).log()
-        return None  # uniform: a constant that cancels in the softmax over keys
-
-    @torch.no_grad()
-    def _m_step(self, query, keys, attention_mask, is_causal):
-        """Eq. 8's pi from this forward's finite responsibilities (E-step with the pi in use) into `prior`; heads
-        without any finite pair (one non-finite row cannot turn the prior to NaN) keep their pi."""
-        self._m_step_due = False
-        pi = mgk_responsibilities(query, keys, variances=self.variances, log_prior=self.log_prior(),
-                                  attention_mask=attention_mask, is_causal=is_causal)
-        self.prior.copy_(torch.where(torch.isfinite(pi).all(-1, keepdim=True), pi, self.prior.float()))
+    def first_key_parameters(self):
+        return self.key.weight, self.key.bias, getattr(self.key.weight, "_is_hf_initialized", False)
 
     def _heads(self, x):
         return x.view(*x.shape[:-1], self.num_heads, self.head_dim).transpose(1, 2)
 
     def _keys(self, hidden_states):
-        """(B, H, M, S, D): the M keys of every position."""
-        if self.attention_type in ("mgk", "mlk"):
-            # One matmul for all M projections: concatenating the weights costs d*M*H*D, the matmul B*N times more.
-            weight = torch.cat([self.key.weight] + [k.weight for k in self.extra_keys])
-            bias = torch.cat([self.key.bias] + [k.bias for k in self.extra_keys])
-            keys = nn.functional.linear(hidden_states, weight, bias)
-            b, s = keys.shape[:2]
-            return keys.view(b, s, self.num_keys, self.num_heads, self.head_dim).permute(0, 3, 2, 1, 4)
-        key = self._heads(self.key(hidden_states))                                   # (B, H, S, D)
-        return key[:, :, None] + self.key_shift[None, :, :, None, :]
+        """The keys in their stored form: option A (B, H, M, S, D), option B and softmax (B, H, S, D)."""
+        if not self.has_extra_keys:
+            return self._heads(self.key(hidden_states))
+        # One matmul for all M projections: concatenating the weights costs d*M*H*D, the matmul B*N times more.
+        weight = torch.cat([self.key.weight] + [k.weight for k in self.extra_keys])
+        bias = torch.cat([self.key.bias] + [k.bias for k in self.extra_keys])
+        keys = nn.functional.linear(hidden_states, weight, bias)
+        b, s = keys.shape[:2]
+        return keys.view(b, s, self.num_keys, self.num_heads, self.head_dim).permute(0, 3, 2, 1, 4)
 
     def forward(self, hidden_states, attention_mask=None, **kwargs):
         """attention_mask: None, bool (B, S) (True = real token) or a caller's whole (B, 1, N, S) mask (see
         `attention_mask_from`). Returns (output (B, S, H*D), weights or None)."""
-        return_weights = wants_attentions(self.config, kwargs)
-        dropout_p = self.dropout.p if self.training else 0.0
         query = self._heads(self.query(hidden_states))
         value = self._heads(self.value(hidden_states))
-        if self.attention_type == "softmax":
-            out, weights = softmax_attention(self, query, self._heads(self.key(hidden_states)), value, attention_mask,
-                                             dropout_p=dropout_p, return_weights=return_weights)
-        else:
-            is_causal = self.is_causal and not is_full_mask(attention_mask)
-            # sMGK hands its one key and the shifts to smgk_attention (q.k once for all M keys), not M keys
-            shared = self.attention_type == "smgk"
-            keys = None if shared else self._keys(hidden_states)
-            if self.prior_type == "em" and self.training and self._m_step_due:
-                self._m_step(query, self._keys(hidden_states) if shared else keys, attention_mask, is_causal)
-            kw = dict(variances=self.variances, log_prior=self.log_prior(), e_step=self.config.e_step,
-                      attention_mask=attention_mask, is_causal=is_causal, dropout_p=dropout_p,
-                      return_weights=return_weights)
-            if shared:
-                res = smgk_attention(query, self._heads(self.key(hidden_states)), self.key_shift, value, **kw)
-            elif self.is_gaussian:
-                res = mgk_attention(query, keys, value, **kw)
-            else:
-                res = mlk_attention(query, keys, value, log_prior=self.log_prior(), attention_mask=attention_mask,
-                                    is_causal=is_causal, return_weights=return_weights)
-            out, weights = res if return_weights else (res, None)
-            if not self.is_gaussian and dropout_p > 0:
-                # Linear attention has no probability matrix to drop: drop on the output instead.
-                out = nn.functional.dropout(out, p=dropout_p)
+        out, weights = self.attend(query, self._keys(hidden_states), value, attention_mask,
+                                   wants_attentions(self.config, kwargs))
         out = out.transpose(1, 2).reshape(*hidden_states.shape[:-1], self.num_heads * self.head_dim)
         return out, weights
 
@@ -203,34 +122,8 @@ class MGKBertPreTrainedModel(HeadSelectionMixin, AutoMapMixin, AttentionImplemen
         elif isinstance(module, BertEmbeddings):
             init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1]).expand((1, -1)))
             init.zeros_(module.token_type_ids)
-        elif isinstance(module, nn.Linear):
-            attention = parent_of(self, parent_of(self, module))
-            if isinstance(attention, MGKBertSelfAttention) and parent_of(self, module) is attention.extra_keys:
-                self._init_extra_key(attention, module)
-        elif isinstance(module, MGKBertSelfAttention):
-            self._init_mgk_attention(module)
-
-    def _init_extra_key(self, attention, extra):
-        """A stock BERT checkpoint brings `key` but no extra keys: start them from that key plus small noise, so
-        the pretrained attention pattern survives and the keys can still separate (identical keys under the hard
-        E-step would give the second one no gradient). (Tensors loaded from a checkpoint are flagged
-        `_is_hf_initialized` on transformers 5; 4.x keeps no such flag, so there they keep the default init.)"""
-        std = self.config.initializer_range
-        if getattr(attention.key.weight, "_is_hf_initialized", False):
-            init.copy_(extra.weight, attention.key.weight + std * 0.1 * torch.randn_like(attention.key.weight))
-            init.copy_(extra.bias, attention.key.bias)
-
-    def _init_mgk_attention(self, module):
-        std = self.config.initializer_range
-        if hasattr(module, "key_shift"):
-            # sMGK (the paper's option B, Sec. 2.3): k_jr = k_j + b_r; b_1 = 0, the other shifts small random.
-            shift = torch.randn_like(module.key_shift) * std
-            shift[:, 0] = 0
-            init.copy_(module.key_shift, shift)
-        if hasattr(module, "prior_logits"):
-            init.zeros_(module.prior_logits)  # uniform pi
-        if getattr(module, "prior_type", None) == "em":
-            init.constant_(module.prior, 1.0 / module.num_keys)
+        else:
+            init_mgk_weights(self, module)
 
 
 class MGKBertModel(MGKBertPreTrainedModel):
