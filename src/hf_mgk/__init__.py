@@ -9,6 +9,7 @@ from .attention_nprf import nprf_attention
 from .configuration_fish_gpt2 import FiSHGPT2Config
 from .configuration_nprf_roberta import NPRFRobertaConfig
 from .configuration_mgk_bert import MGKBertConfig
+from .configuration_mgk_gpt2 import MGKGPT2Config
 from .modeling_mgk_bert import (
     MGKBertForMaskedLM,
     MGKBertForQuestionAnswering,
@@ -16,6 +17,7 @@ from .modeling_mgk_bert import (
     MGKBertForTokenClassification,
     MGKBertModel,
 )
+from .modeling_mgk_gpt2 import MGKGPT2ForSequenceClassification, MGKGPT2LMHeadModel, MGKGPT2Model
 from . import bundled, hub
 from .modeling_fish_gpt2 import FiSHGPT2ForSequenceClassification, FiSHGPT2LMHeadModel, FiSHGPT2Model
 from .modeling_nprf_roberta import (
@@ -37,6 +39,15 @@ register_family(
         "AutoModelForSequenceClassification": MGKBertForSequenceClassification,
         "AutoModelForTokenClassification": MGKBertForTokenClassification,
         "AutoModelForQuestionAnswering": MGKBertForQuestionAnswering,
+    },
+)
+
+register_family(
+    MGKGPT2Config,
+    {
+        "AutoModel": MGKGPT2Model,
+        "AutoModelForCausalLM": MGKGPT2LMHeadModel,
+        "AutoModelForSequenceClassification": MGKGPT2ForSequenceClassification,
     },
 )
 
@@ -82,4 +93,8 @@ __all__ = [
     "MGKBertForSequenceClassification",
     "MGKBertForTokenClassification",
     "MGKBertForQuestionAnswering",
+    "MGKGPT2Config",
+    "MGKGPT2Model",
+    "MGKGPT2LMHeadModel",
+    "MGKGPT2ForSequenceClassification",
 ]

@@ -211,7 +211,8 @@ def _from_stock_gpt2(cls, path, config_dict, kwargs, keep_heads=None):
     if unexpected or any(not any(s in k for s in cls._new_parameters) for k in missing):
         raise RuntimeError(f"GPT-2 conversion left unexpected {unexpected} / missing {missing} weights")
     model.tie_weights()
-    report_kept_heads(cls.__name__, path, kept, n_head, cls._kept_heads_note)
+    if any(heads != list(range(n_head)) for heads in kept):  # heads chosen: say which (every head kept: nothing to say)
+        report_kept_heads(cls.__name__, path, kept, n_head, cls._kept_heads_note)
     model = (model if device is None else model.to(device)).eval()
     if not output_loading_info:
         return model

@@ -152,8 +152,14 @@ def init_mgk_weights(model, module):
         # `_is_hf_initialized` on transformers 5; 4.x keeps no such flag, so there they keep the default init.)
         weight, bias, loaded = attention.first_key_parameters()
         if loaded:
-            init.copy_(module.weight, weight + std * 0.1 * torch.randn_like(weight))
+            init.copy_(module.weight, extra_key_start(weight, std))
             init.copy_(module.bias, bias)
 
 
-__all__ = ["MGKAttentionCore", "init_mgk_weights"]
+def extra_key_start(first_key_weight, std):
+    """The weight an extra key (option A's keys 2..M) starts from when a checkpoint brings only the first key: that
+    key plus noise of a tenth of the init scale (the bias is the first key's)."""
+    return first_key_weight + std * 0.1 * torch.randn_like(first_key_weight)
+
+
+__all__ = ["MGKAttentionCore", "extra_key_start", "init_mgk_weights"]
