@@ -67,13 +67,17 @@ def assert_grads_rel(grads, ref_grads, tol=1e-5):
         assert_rel(g, rg, tol, floor)
 
 
-@pytest.fixture(params=["blocks", "fused", "autograd"])
+@pytest.fixture(params=["blocks", "recompute", "fused", "autograd"])
 def path(request, monkeypatch):
-    """blocks: query blocks of 2 rows, so block slicing is exercised (the recomputing path for FiSH and hard
-    FiSH, autograd through the materialised blocks for the rest); fused: the fused SDPA path (hard FiSH), as
-    on an accelerator; autograd: blocks of 2 rows through autograd for every variant, as under autocast."""
-    if request.param in ("blocks", "autograd"):
+    """blocks: query blocks of 2 rows, so block slicing is exercised (the hand-written backward for FiSH, hard
+    FiSH and MiSH with noise, keeping the blocks' weights; autograd through the materialised blocks for the
+    rest); recompute: the same with nothing kept (weights recomputed in backward, as for long sequences); fused:
+    the fused SDPA path (hard FiSH), as on an accelerator; autograd: blocks of 2 rows through autograd for every
+    variant, as under autocast."""
+    if request.param in ("blocks", "recompute", "autograd"):
         monkeypatch.setattr(af, "_BLOCK_ROWS", 2)
+    if request.param == "recompute":
+        monkeypatch.setattr(af, "_KEEP_BYTES", 0)
     if request.param == "fused":
         monkeypatch.setattr(af, "_recomputed_attention", af_fused_instead)
     if request.param == "autograd":
@@ -99,6 +103,7 @@ def af_blocked_instead(query, key, value, p, scale, noise_std, eps, attention_ma
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("pad", [False, True])
 @pytest.mark.parametrize("variant,path", [(v, p) for p in ("default", "blocks") for v in VARIANTS]
+                         + [(v, "recompute") for v in ("hard_fish", "fish", "mish_noise")]
                          + [("hard_fish", "fused"), ("hard_fish", "autograd"), ("fish", "autograd")],
                          indirect=["path"])  # fused: linear, no noise
 def test_fast_path_matches_reference(variant, pad, causal, N, S, path):
@@ -256,18 +261,43 @@ def test_noise_has_the_admixture_variance(shared):
     assert (corr - torch.eye(H)).abs().max() < 0.1
 
 
-@pytest.mark.parametrize("variant", ["hard_fish", "fish"])
-def test_training_keeps_no_score_matrix_for_backward(variant):
-    """CPU training of FiSH / hard FiSH recomputes the scores in backward: nothing of size N x S is saved
-    (the noise eps is an input of the formula and is kept; hard FiSH has none)."""
-    N = 64
-    args, kwargs, leaves = make_case(variant, N=N, S=N, pad=True)
+def _fish_node(out):
+    """The _RecomputedFiSH backward node in out's graph (out may be a masked_fill of it)."""
+    nodes = [out.grad_fn]
+    while nodes:
+        node = nodes.pop()
+        if type(node).__name__ == "_RecomputedFiSHBackward":
+            return node
+        nodes += [n for n, _ in node.next_functions if n is not None]
+    raise AssertionError("no _RecomputedFiSH in the graph")
+
+
+@pytest.mark.parametrize("variant", ["hard_fish", "fish", "mish_noise"])
+@pytest.mark.parametrize("budget", [0, 2**28])
+def test_training_memory_for_backward(variant, budget, monkeypatch):
+    """CPU training of FiSH / hard FiSH / MiSH with noise: nothing of size N x S goes through autograd's saved
+    tensors; over the keep budget the blocks' scores and weights are not kept either (recomputed in backward);
+    under it they are kept for the keys each block sees. Causal noise is drawn only for the keys a block of rows
+    may see: about half the N x N pairs."""
+    N, rows = 64, 16
+    monkeypatch.setattr(af, "_BLOCK_ROWS", rows)
+    monkeypatch.setattr(af, "_KEEP_BYTES", budget)
+    args, kwargs, leaves = make_case(variant, N=N, S=N, pad=variant == "hard_fish")
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
         out = fish_attention(*args, **kwargs, is_causal=True)
-    scores = [s for s in saved if len(s) == 4 and s[-2:] == (N, N)]
-    assert scores == ([] if variant == "hard_fish" else [(B, H, N, N)])  # only eps, for FiSH
-    assert max(math.prod(s) for s in saved if s not in scores) < B * N * N
+    assert max(math.prod(s) for s in saved) < B * N * N
+    _, tiles, kept, eps = _fish_node(out).blocks
+    seen = sum(rows * (i + 1) * rows for i in range(N // rows))  # block i sees keys :(i + 1) * rows
+    if budget == 0:
+        assert kept == []
+    else:
+        assert sum(w.numel() for _, w in kept) == B * H * seen
+        assert sum(g.numel() for g, _ in kept) == B * M * seen
+    if variant == "hard_fish":
+        assert eps is None
+    else:
+        assert [e.shape for e in eps] == [(B, H, rows, (i + 1) * rows) for i in range(N // rows)]
     out.sum().backward()
     assert all(t.grad is not None for t in leaves)
 

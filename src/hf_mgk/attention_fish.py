@@ -19,6 +19,8 @@ This file imports only the standard library and torch, so it can be copied next 
 "remote code" model files.
 """
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -32,6 +34,9 @@ __all__ = ["fish_attention", "fish_attention_reference", "fish_cost", "make_gfis
 # H*N*S scores through memory (2-4x slower at N=1024-2048). Without autograd it also bounds the
 # memory to B*H*128*S scores.
 _BLOCK_ROWS = 128
+# The recomputing path keeps its blocks' scores and weights for backward while they take at most this many bytes
+# per call (see _recomputed_attention).
+_KEEP_BYTES = 2**28
 
 
 def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, attention_mask=None,
@@ -81,13 +86,14 @@ def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, att
     """
     _, _, _, D, S, H, _ = _check_shapes(query, key, value, mixing, noise_std, attention_mask)
     scale = D ** -0.5 if scale is None else float(scale)
-    linear = isinstance(mixing, torch.Tensor) and mixing.shape[1] > 1 and dropout_p == 0.0 and not return_weights
+    linear = isinstance(mixing, torch.Tensor) and dropout_p == 0.0 and not return_weights
     training = _needs_grad(query, key, value, mixing, noise_std)
-    if linear and noise_std is None and (query.device.type != "cpu" or not training):
+    if linear and mixing.shape[1] > 1 and noise_std is None and (query.device.type != "cpu" or not training):
         return _fused_attention(query, key, value, mixing, scale, attention_mask, is_causal)
-    eps = _draw_noise(query, mixing, noise_std, H, S, generator)
-    if linear and training and query.dtype in (torch.float32, torch.float64) and not torch.is_autocast_enabled(
-            query.device.type):
+    eps = _draw_noise(query, mixing, noise_std, H, S, is_causal, generator)
+    # MiSH without noise stays on the materialised path: there all H heads share one softmax, computed once.
+    if linear and (mixing.shape[1] > 1 or noise_std is not None) and training and query.dtype in (
+            torch.float32, torch.float64) and not torch.is_autocast_enabled(query.device.type):
         return _recomputed_attention(query, key, value, mixing, scale, noise_std, eps, attention_mask, is_causal)
     out, weights = _blocked_attention(query, key, value, mixing, scale, noise_std, eps, attention_mask,
                                       is_causal, dropout_p, return_weights)
@@ -101,7 +107,7 @@ def fish_attention_reference(query, key, value, mixing, *, scale=None, noise_std
     against. Same arguments and results; with the same ``generator`` state it draws the same noise."""
     B, _, N, D, S, H, _ = _check_shapes(query, key, value, mixing, noise_std, attention_mask)
     scale = D ** -0.5 if scale is None else float(scale)
-    eps = _draw_noise(query, mixing, noise_std, H, S, generator)
+    eps = _whole_noise(_draw_noise(query, mixing, noise_std, H, S, is_causal, generator), S)
     hidden, empty = _hidden(N, S, attention_mask, is_causal, query.device)
     out, weights = _materialised(query * scale, key, value, mixing, noise_std, eps, hidden, empty,
                                  dropout_p, every_head=True)
@@ -153,118 +159,167 @@ def _blocked_attention(query, key, value, mixing, scale, noise_std, eps, attenti
     query = query * scale
     hidden, empty = _hidden(N, S, attention_mask, is_causal, query.device)
     if return_weights:  # all N x S weights are handed out anyway: one block, the output computed from them
-        return _materialised(query, key, value, mixing, noise_std, eps, hidden, empty, dropout_p, every_head=True)
+        return _materialised(query, key, value, mixing, noise_std, _whole_noise(eps, S), hidden, empty, dropout_p,
+                             every_head=True)
     outs = []
-    for start in range(0, N, _BLOCK_ROWS):
-        stop = min(N, start + _BLOCK_ROWS)
-        end = min(S, max(1, stop + S - N)) if is_causal else S
+    for i, (rows, end) in enumerate(_row_blocks(N, S, is_causal)):
         out, _ = _materialised(
-            query[:, :, start:stop], key[:, :, :end], value[:, :, :end], mixing, noise_std,
-            None if eps is None else eps[:, :, start:stop, :end],
-            None if hidden is None else hidden[:, :, start:stop, :end],
-            None if empty is None else empty[:, :, start:stop], dropout_p)
+            query[:, :, rows], key[:, :, :end], value[:, :, :end], mixing, noise_std,
+            None if eps is None else eps[i],
+            None if hidden is None else hidden[:, :, rows, :end],
+            None if empty is None else empty[:, :, rows], dropout_p)
         outs.append(out)
     return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)), None
 
 
 def _recomputed_attention(query, key, value, p, scale, noise_std, eps, attention_mask, is_causal):
-    """Linear mixing (FiSH, hard FiSH) with autograd: the blocked formula with a hand-written backward.
+    """Linear mixing with autograd (FiSH, hard FiSH; MiSH with noise): blocks of rows, hand-written backward.
 
-    Nothing of size N x S is kept for the backward pass: it recomputes each block's scores and softmax (one
-    M-head product and the mixing, the cheap part of FiSH) instead of storing H + M score matrices, like
-    flash attention. Measured against autograd through _blocked_attention it also avoids the per-block
-    zero-filled full-size gradients of the K and V slices and the mask over whole blocks (causal blocks are
-    masked only in their last, diagonal, tile), so far fewer memory passes and small ops: what decides the
-    speed on a CPU with several threads.
+    Per block only the keys the block may see are used (causal: about half the pairs), and only the block's
+    diagonal tile is masked when causality is the only mask. Backward needs each block's global scores g and
+    softmax weights w: they are kept from the forward while they take at most _KEEP_BYTES per call (measured
+    at N = 2048, 8 + 2 heads: 20-25% faster than recomputing them), else recomputed per block like flash
+    attention (one M-head product and the mixing, the cheap part of FiSH), so memory stays O(N) at any length.
+    Measured against autograd through _blocked_attention it also avoids the per-block zero-filled full-size
+    gradients of the K and V slices: far fewer memory passes and small ops, what decides the speed on a CPU.
     """
     B, M, N, _ = query.shape
     S = key.shape[2]
-    hidden, empty = _hidden(N, S, attention_mask, is_causal, query.device)
+    tile_only = is_causal and attention_mask is None and N <= S  # causality alone: masks in the diagonal tiles
+    hidden, empty = (None, None) if tile_only else _hidden(N, S, attention_mask, is_causal, query.device)
     std = None
     if noise_std is not None:  # the std of sum_k p_kj sigma_k eps_jk, as in _materialised
         std = torch.linalg.vector_norm(p * noise_std.to(query.dtype)[:, None], dim=0)
-    # Causality alone: every key before a block's diagonal tile is visible to all its rows.
-    tile_only = is_causal and attention_mask is None
+    H = value.shape[1]
+    pairs = sum((rows.stop - rows.start) * end for rows, end in _row_blocks(N, S, is_causal))
+    keep = B * (H + M) * pairs * query.element_size() <= _KEEP_BYTES
     out = _RecomputedFiSH.apply(query * scale, key, value, p.to(query.dtype), std, eps, hidden, is_causal,
-                                tile_only)
+                                tile_only, keep)
     return out if empty is None else out.masked_fill(empty, 0.0)
 
 
-def _mix(p, g):
-    """A_j = sum_k p_kj G_k: p (M, H), g (B, M, n, e) -> (B, H, n, e), one batched matmul over the head axis.
-    Written as bmm of (B, H, M) by (B, M, n*e): torch.matmul of (H, M) by (B, M, n*e) computes the transposed
-    product and then copies it into place, a full extra pass over the H scores (measured: 60 ms of a 300 ms
-    2k-token fwd+bwd)."""
+def _mix(p, g, out=None):
+    """A_j = sum_k p_kj G_k: p (M, H), g (B, M, n, e) -> (B, H, n, e), one batched matmul over the head axis,
+    into `out` if given. Written as bmm of (B, H, M) by (B, M, n*e): torch.matmul of (H, M) by (B, M, n*e)
+    computes the transposed product and then copies it into place, a full extra pass over the H scores
+    (measured: 60 ms of a 300 ms 2k-token fwd+bwd)."""
     B, _, n, e = g.shape
-    return torch.bmm(p.t().expand(B, -1, -1), g.reshape(B, g.shape[1], n * e)).view(B, -1, n, e)
+    flat = None if out is None else out.view(B, -1, n * e)
+    return torch.bmm(p.t().expand(B, -1, -1), g.reshape(B, g.shape[1], n * e), out=flat).view(B, -1, n, e)
 
 
-def _block_weights(q, k, p, std, eps, hidden, lo):
-    """One block of rows: the global scores g (B, M, n, e) and the local softmax weights (B, H, n, e).
+class _Scratch:
+    """Reused buffers for a call's per-block temporaries. A new tensor per block costs page faults whenever the
+    block's size changes (causal blocks grow by a tile each): measured 1.5 ms of a 2.4 ms score-sized product at
+    N = 1024. Each buffer is sized once for the largest block (rows x all keys)."""
 
-    hidden: (B or 1, 1, n, e - lo) for the columns lo.. of the block (see _hidden), or None."""
-    g = torch.matmul(q, k.transpose(-1, -2))
-    a = _mix(p, g)
+    def __init__(self, rows, keys):
+        self.rows, self.keys, self.bufs = rows, keys, {}
+
+    def __call__(self, name, shape, like):
+        n = math.prod(shape)
+        buf = self.bufs.get(name)
+        if buf is None or buf.numel() < n:
+            buf = self.bufs[name] = like.new_empty(max(n, math.prod(shape[:-2]) * self.rows * self.keys))
+        return buf[:n].view(shape)
+
+
+def _fresh(name, shape, like):
+    """_Scratch's signature for tensors that must outlive the block (kept for backward)."""
+    return like.new_empty(shape)
+
+
+def _row_blocks(N, S, is_causal):
+    """(rows, end) per block of _BLOCK_ROWS query rows: keys :end are all the block's rows may see (row i sees
+    j <= i + S - N when causal; at least one column, so that a block of rows that see nothing stays a block)."""
+    for start in range(0, N, _BLOCK_ROWS):
+        stop = min(N, start + _BLOCK_ROWS)
+        yield slice(start, stop), (min(S, max(1, stop + S - N)) if is_causal else S)
+
+
+def _block_hidden(hidden, tile_only, rows, end, N, S, like):
+    """(hidden part or None, first column it covers) of one block: the slice of _hidden's mask, or with causality
+    alone (tile_only) the block's diagonal tile, keys j > i + S - N, built here (a few KB)."""
+    if not tile_only:
+        return (None if hidden is None else hidden[:, :, rows, :end]), 0
+    lo = min(end, rows.start + S - N + 1)  # every key before lo is visible to all the block's rows
+    tile = torch.ones(rows.stop - rows.start, end - lo, dtype=torch.bool, device=like.device).triu_()
+    return tile, lo
+
+
+def _block_weights(q, k, p, std, eps, hidden, lo, scratch, out):
+    """One block of rows: the global scores g (B, M, n, e) and the local softmax weights (B, H, n, e); with a
+    one-column p (MiSH) the mixed matrix is computed once and the noise makes the H heads' matrices. g and the
+    weights go to out(name, shape, like) (_Scratch or _fresh), the mixed scores to scratch."""
+    B, _, n, _ = q.shape
+    e, H = k.shape[2], p.shape[1] if eps is None else eps.shape[1]
+    g = torch.matmul(q, k.transpose(-1, -2), out=out("g", (B, q.shape[1], n, e), q))
+    a = _mix(p, g, out=scratch("a", (B, p.shape[1], n, e), q))
     if std is not None:
-        a.addcmul_(std[:, None, None], eps)
+        a = a.addcmul_(std[:, None, None], eps) if a.shape[1] == H else torch.addcmul(
+            a, std[:, None, None], eps, out=scratch("noisy", (B, H, n, e), q))
     if hidden is not None and hidden.dtype == torch.bool:
         a[..., lo:].masked_fill_(hidden, torch.finfo(a.dtype).min)
     elif hidden is not None:
         a[..., lo:].add_(hidden)
-    return g, torch.softmax(a, dim=-1)
-
-
-def _row_blocks(N, S, hidden, is_causal, tile_only):
-    """Per block of _BLOCK_ROWS query rows: (rows, keys end, first masked column lo, hidden[rows, lo:end]).
-    With is_causal the keys after the block's last visible one are cut off (row i sees j <= i + S - N); with
-    tile_only (causality, no padding) only the columns after the block's first row's last key are masked."""
-    for start in range(0, N, _BLOCK_ROWS):
-        stop = min(N, start + _BLOCK_ROWS)
-        end = min(S, max(1, stop + S - N)) if is_causal else S
-        lo = min(end, max(0, start + S - N + 1)) if tile_only else 0
-        yield slice(start, stop), end, lo, None if hidden is None else hidden[:, :, start:stop, lo:end]
+    return g, torch._softmax(a, -1, False, out=out("w", a.shape, q))
 
 
 class _RecomputedFiSH(torch.autograd.Function):
     """out = softmax(p^T (q k^T) + std * eps, masked) v per block of rows; see _recomputed_attention."""
 
     @staticmethod
-    def forward(ctx, q, k, v, p, std, eps, hidden, is_causal, tile_only):
-        out = v.new_empty(q.shape[0], v.shape[1], q.shape[2], v.shape[3])
-        for rows, end, lo, blk in _row_blocks(q.shape[2], k.shape[2], hidden, is_causal, tile_only):
-            _, w = _block_weights(q[:, :, rows], k[:, :, :end], p, std,
-                                  None if eps is None else eps[:, :, rows, :end], blk, lo)
+    def forward(ctx, q, k, v, p, std, eps, hidden, is_causal, tile_only, keep):
+        N, S = q.shape[2], k.shape[2]
+        out = v.new_empty(q.shape[0], v.shape[1], N, v.shape[3])
+        tiles, kept = [], []
+        scratch = _Scratch(_BLOCK_ROWS, S)
+        for i, (rows, end) in enumerate(_row_blocks(N, S, is_causal)):
+            tiles.append(_block_hidden(hidden, tile_only, rows, end, N, S, q))
+            g, w = _block_weights(q[:, :, rows], k[:, :, :end], p, std, None if eps is None else eps[i], *tiles[-1],
+                                  scratch, _fresh if keep else scratch)
             out[:, :, rows] = torch.matmul(w, v[:, :, :end])
-        ctx.save_for_backward(q, k, v, p, std, eps, out)
-        ctx.blocks = (hidden, is_causal, tile_only)
+            if keep:
+                kept.append((g, w))
+        ctx.save_for_backward(q, k, v, p, std, out)
+        ctx.blocks = (is_causal, tiles, kept, eps)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        q, k, v, p, std, eps, out = ctx.saved_tensors
+        q, k, v, p, std, out = ctx.saved_tensors
+        is_causal, tiles, kept, eps = ctx.blocks
         grad_out = grad_out.contiguous()
         # Contiguous buffers whatever the inputs' strides (zeros_like would copy a transposed view's layout, and
         # flatten below would then return a copy instead of a view to accumulate into).
         dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
         dp = torch.zeros_like(p)
         dstd = None if std is None else torch.zeros_like(std)
-        # softmax backward: dA = w * (dW - sum_s w dW) and sum_s w_s dW_s = dout . out, per row
-        row_dot = (grad_out * out).sum(-1, keepdim=True)
+        # softmax backward: dA = w * (dW - sum_s w dW), sum_s w_s dW_s = dout . out per row, so dW - that sum is
+        # one product of [dout, -dout . out] with [v, 1] (no separate pass over the block to subtract it)
+        do_aug = torch.cat([grad_out, -(grad_out * out).sum(-1, keepdim=True)], -1)
+        v_aug = torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], -1)
         dk3, dv3 = dk.flatten(0, 1), dv.flatten(0, 1)  # (B*heads, S, D) views: bmm accumulates into them
-        for rows, end, lo, blk in _row_blocks(q.shape[2], k.shape[2], *ctx.blocks):
-            qb, kb, vb, dob = q[:, :, rows], k[:, :, :end], v[:, :, :end], grad_out[:, :, rows]
-            eb = None if eps is None else eps[:, :, rows, :end]
-            g, w = _block_weights(qb, kb, p, std, eb, blk, lo)
-            dv3[:, :end].baddbmm_(w.flatten(0, 1).transpose(1, 2), dob.flatten(0, 1))
-            da = torch.matmul(dob, vb.transpose(-1, -2)).sub_(row_dot[:, :, rows]).mul_(w)
-            if dstd is not None:
-                dstd += (da * eb).sum((0, 2, 3))
+        scratch = _Scratch(_BLOCK_ROWS, k.shape[2])
+        H = v.shape[1]
+        for i, (rows, end) in enumerate(_row_blocks(q.shape[2], k.shape[2], is_causal)):
+            qb, kb = q[:, :, rows], k[:, :, :end]
+            eb = None if eps is None else eps[i]
+            g, w = kept[i] if kept else _block_weights(qb, kb, p, std, eb, *tiles[i], scratch, scratch)
+            dv3[:, :end].baddbmm_(w.flatten(0, 1).transpose(1, 2), grad_out[:, :, rows].flatten(0, 1))
+            da = torch.matmul(do_aug[:, :, rows], v_aug[:, :, :end].transpose(-1, -2),
+                              out=scratch("da", w.shape, w)).mul_(w)
+            if dstd is not None:  # per head sum of da * eps, without a product tensor (measured 2x faster; a bmm of
+                per_head = torch.einsum("bhij,bhij->h", da, eb)  # (1 x ne) by (ne x 1) takes 6x)
+                dstd += per_head if dstd.shape[0] == H else per_head.sum()
+            if p.shape[1] == 1 < H:  # MiSH: the mixed matrix feeds every head
+                da = torch.sum(da, 1, keepdim=True, out=scratch("da1", g.shape[:1] + (1,) + g.shape[2:], g))
             dp += torch.matmul(g.flatten(2), da.flatten(2).transpose(-1, -2)).sum(0)
-            dg = _mix(p.t(), da)
+            dg = _mix(p.t(), da, out=scratch("dg", g.shape, g))
             dq[:, :, rows] = torch.matmul(dg, kb)
             dk3[:, :end].baddbmm_(dg.flatten(0, 1).transpose(1, 2), qb.flatten(0, 1))
-        return dq, dk, dv, dp, dstd, None, None, None, None
+        return dq, dk, dv, dp, dstd, None, None, None, None, None
 
 
 def _fused_attention(query, key, value, p, scale, attention_mask, is_causal):
@@ -346,14 +401,24 @@ def _masked(scores, hidden):
     return scores + hidden.to(scores.dtype)
 
 
-def _draw_noise(query, mixing, noise_std, H, S, generator):
-    """eps ~ N(0, 1), drawn once for the whole call so every path sees the same numbers:
-    (B, M, N, S) for a network (noise on G), (B, H, N, S) for linear mixing (one draw per local head)."""
+def _draw_noise(query, mixing, noise_std, H, S, is_causal, generator):
+    """eps ~ N(0, 1), drawn once for the whole call so every path sees the same numbers, as one tensor per block
+    of query rows (_row_blocks) over the keys that block may see: (B, M, rows, end) for a network (noise on G),
+    (B, H, rows, end) for linear mixing (one draw per local head). Causal: noise for keys no row of a block can
+    see is not drawn (random numbers cost ~15x an exp on the CPU: half of a causal FiSH step's noise cost)."""
     if noise_std is None:
         return None
     B, M, N, _ = query.shape
     heads = M if isinstance(mixing, nn.Module) else H
-    return torch.randn((B, heads, N, S), generator=generator, device=query.device, dtype=query.dtype)
+    return [torch.randn((B, heads, rows.stop - rows.start, end), generator=generator, device=query.device,
+                        dtype=query.dtype) for rows, end in _row_blocks(N, S, is_causal)]
+
+
+def _whole_noise(blocks, S):
+    """The blocks of _draw_noise as one (B, heads, N, S) tensor, zero where no noise was drawn (hidden keys)."""
+    if blocks is None:
+        return None
+    return torch.cat([F.pad(e, (0, S - e.shape[-1])) for e in blocks], dim=2)
 
 
 def _check_shapes(query, key, value, mixing, noise_std, attention_mask):
