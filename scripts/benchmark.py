@@ -1,18 +1,33 @@
 #!/usr/bin/env python
-"""Speed, memory and size of each attention family beside its softmax baseline, in one run, as ratios.
+"""Speed, memory, size and FLOPs of each attention family beside its softmax baseline, in one run, as ratios.
 
     python scripts/benchmark.py --family mgk                  # MGK-BERT (H/2 heads, M=2) vs BERT (H heads, SDPA)
-    python scripts/benchmark.py --family mgk --lengths 128 512 --repeats 5
+    python scripts/benchmark.py --family mgk --lengths 128 512 --repeats 5 --mode both
     python scripts/benchmark.py --family fish                 # FiSH-GPT2 (8 local heads, M=2) vs GPT-2 (8 heads, SDPA)
     python scripts/benchmark.py --family nprf                 # NPRF paths vs SDPA; NPRF-RoBERTa vs RoBERTa, Longformer
+    python scripts/benchmark.py --family headsize             # fixed head sizes 128 / 32 vs BERT's 64, equal parameters
+    python scripts/benchmark.py --family mgk --head-dims 32 64 128 --lengths 512 --figures figs   # ratio vs head size
+    python scripts/benchmark.py --family all --models-only --mode both --threads 1 --lengths 256 512 1024 \
+        --csv results.csv --markdown results.md --figures figures      # the README's results table and figures
+    python scripts/benchmark.py --family mgk --device cuda    # on a GPU (synchronised timings, CUDA peak memory)
 
-Each (model, length) is measured in a fresh child process: a warm-up step, then the median of `--repeats`
-training steps (forward + backward of the encoder + an SGD step; no LM head, so the vocabulary projection does
-not hide the attention), and the peak resident memory the step adds above the loaded model (ru_maxrss minus the
-RSS before the first step). Shared machines are noisy: read the ratios, which are taken in the same run.
+Each (model, length, mode) is measured in a fresh child process: a warm-up step, then the median of `--repeats`
+steps. `--mode train` (the default) times a training step (forward + backward of the encoder + an SGD step; no
+LM head, so the vocabulary projection does not hide the attention), `--mode forward` a forward under
+torch.no_grad() in eval mode, `--mode both` each. Memory is the peak the step adds above the loaded model (CPU: peak
+RSS minus the RSS before the first step; CUDA: torch.cuda.max_memory_allocated minus the memory allocated before).
+Shared machines are noisy: read the ratios, which are taken in the same run. tokens/s = batch * N / step time.
 
-The fish family also counts FLOPs, on the (untimed) warm-up step, with torch.utils.flop_counter.FlopCounterMode
-(see count_flops and attention_matrix_flops), and prints the App. D formulas (hf_mgk.fish_cost) beside them.
+FLOPs, for every model: torch.utils.flop_counter.FlopCounterMode counts the (untimed) warm-up step (see
+count_flops and flop_counter_mode), the whole step and the attention layers' forward share, and each family's paper
+formula (hf_mgk.flops: MGK App. B and NPRF's products for the attention layer, FiSH App. D for the attention-matrix
+part) is printed beside it. The fish family adds its App. D tables (attention-matrix part counted vs App. D).
+
+--csv FILE writes one row per measurement (CSV_COLUMNS), --markdown FILE the summary table (each model against its
+baseline: time ratio beside the FLOP ratios, and the command that made it), --figures DIR one PNG per family and
+mode of the time ratio against N (solid) with the paper formula's FLOP ratio (dashed), and with several
+--head-dims one against the head size at the largest N; none of them overwrites an existing file without
+--overwrite. --models-only skips the attention-alone tables (mgk, nprf).
 
 With several threads on cores that other work keeps busy, every parallelised op waits for its slowest thread
 (measured here: an in-place add on 2^20 floats, 0.24 ms on 1 thread, 4.5 ms on 2), which penalises models made
@@ -21,10 +36,13 @@ of many small ops far more than their FLOPs: compare --threads 1 with the defaul
 
 import argparse
 import copy
+import csv
 import importlib
+import importlib.util
 import json
 import math
 import os
+import pathlib
 import resource
 import statistics
 import subprocess
@@ -33,6 +51,8 @@ import time
 
 import torch
 from torch.utils import flop_counter
+
+from hf_mgk import flops as paper
 
 FAMILIES = {}
 
@@ -44,26 +64,37 @@ def family(name):
     return register
 
 
+# ------------------------------------------------------------------ sizes
+NPRF_ATTN = dict(heads=8, head_dim=64, features=32)
+NPRF_WIDTH = dict(hidden_size=512, num_hidden_layers=2, num_attention_heads=8, intermediate_size=2048,
+                  vocab_size=1000, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
 # ------------------------------------------------------------------ MGK-BERT
 BERT_SIZE = dict(hidden_size=512, num_hidden_layers=2, intermediate_size=2048, vocab_size=1000,
                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
 
+def _width(heads, head_dim, hidden, inner):
+    """Overrides that give the baseline's `heads` heads of size `head_dim` (hidden = heads x head_dim, the feed-forward
+    4x that, as in BERT and GPT-2): the papers' efficiency figures vary the model width this way. None: as is."""
+    return {} if head_dim is None else {hidden: heads * head_dim, inner: 4 * heads * head_dim}
+
+
 @family("mgk")
-def mgk_cases(args):
+def mgk_cases(args, head_dim=None):
     """MGK-BERT with H/2 heads of the baseline's head size (App. B: the attention width halves), M=2 keys."""
     heads = args.heads
-    head_dim = BERT_SIZE["hidden_size"] // heads
+    size = _width(heads, head_dim, "hidden_size", "intermediate_size")
+    head_dim = head_dim or BERT_SIZE["hidden_size"] // heads
+    half = {**size, "num_attention_heads": heads // 2, "head_dim": head_dim}
     return {
         "lengths": args.lengths or [128, 256, 512, 1024, 2048],
         "baseline": f"BERT, {heads} heads (SDPA)",
         "cases": {
-            f"BERT, {heads} heads (SDPA)": ("bert", {"num_attention_heads": heads}),
-            f"MGK-BERT soft, {heads // 2} heads": ("mgk", {"num_attention_heads": heads // 2, "head_dim": head_dim}),
-            f"sMGK-BERT soft, {heads // 2} heads": ("mgk", {"num_attention_heads": heads // 2, "head_dim": head_dim,
-                                                            "attention_type": "smgk"}),
-            f"MGK-BERT hard, {heads // 2} heads": ("mgk", {"num_attention_heads": heads // 2, "head_dim": head_dim,
-                                                           "e_step": "hard"}),
+            f"BERT, {heads} heads (SDPA)": ("bert", {**size, "num_attention_heads": heads}),
+            f"MGK-BERT soft, {heads // 2} heads": ("mgk", half),
+            f"sMGK-BERT soft, {heads // 2} heads": ("mgk", {**half, "attention_type": "smgk"}),
+            f"MGK-BERT hard, {heads // 2} heads": ("mgk", {**half, "e_step": "hard"}),
         },
         "after": [run_mgk_attention],
     }
@@ -92,7 +123,7 @@ def mgk_attention_step(path, heads, length, batch, head_dim):
     """fwd+bwd of one attention call: SDPA with `heads` heads, or an MGK path with heads // 2."""
     from hf_mgk import attention_mgk as am
 
-    g = torch.Generator().manual_seed(0)
+    g = _generator()
     if path == "sdpa":
         q, k, v = (torch.randn(batch, heads, length, head_dim, generator=g, requires_grad=True) for _ in range(3))
         grad = torch.randn(batch, heads, length, head_dim, generator=g)
@@ -162,41 +193,136 @@ FISH_DEFAULT = ("hard_fish", "fish", "mish", "hard_gfish")  # gfish = hard_gfish
 
 
 @family("fish")
-def fish_cases(args):
+def fish_cases(args, head_dim=None):
     """FiSH-GPT2 with H local heads and M global heads (App. D: M=2, H=8) of the baseline's head size."""
     heads, m = args.heads, args.global_heads
-    head_dim = GPT2_SIZE["n_embd"] // heads
+    size = _width(heads, head_dim, "n_embd", "n_inner")
+    head_dim = head_dim or GPT2_SIZE["n_embd"] // heads
     base = f"GPT-2, {heads} heads (SDPA)"
-    cases = {base: ("gpt2", {"n_head": heads})}
+    cases = {base: ("gpt2", {**size, "n_head": heads})}
     for kind in args.fish_types or FISH_DEFAULT:
         cases[f"FiSH-GPT2 {kind}, {heads}+{m} heads"] = (
-            "fish_gpt2", {"n_head": heads, "head_dim": head_dim, "num_global_heads": m, "attention_type": kind})
+            "fish_gpt2", {**size, "n_head": heads, "head_dim": head_dim, "num_global_heads": m, "attention_type": kind})
     return {"lengths": args.lengths or [256, 512, 1024, 2048, 4096], "baseline": base, "cases": cases,
-            "count_flops": True, "tables": [print_table, print_flop_table, print_param_table]}
+            "flop_detail": True, "train_tables": [print_flop_table, print_param_table]}
 
 
-# kind -> (module, config class, model class, size, position field, fewest positions, model kwargs, attention
-# implementation or None). Child processes rebuild a case from its kind and JSON overrides.
+# ------------------------------------------------------------------ fixed head size (concise multi-head attention)
+@family("headsize")
+def headsize_cases(args, head_dim=None):
+    """Fixed head sizes (Bhojanapalli et al., concise multi-head attention: the head size chosen apart from d/H)
+    against BERT's standard head size d/H, at equal parameters. At one hidden size d an attention layer has
+    4 d (H D) weights (+ biases), so equal parameters means equal H D = d: head size 128 (the paper's BERT choice)
+    with d/128 heads and 32 (its LM1B choice) with d/32 heads, through the package's `head_dim` path; the package's
+    path at BERT's own shape shows what that path costs by itself."""
+    d = BERT_SIZE["hidden_size"]
+    base = f"BERT, {d // 64} heads of 64 = d/H (SDPA)"
+    cases = {base: ("bert", {"num_attention_heads": d // 64})}
+    for size in (64, 128, 32):
+        cases[f"fixed head size {size}, {d // size} heads"] = (
+            "mgk", {"num_attention_heads": d // size, "head_dim": size, "attention_type": "softmax"})
+    return {"lengths": args.lengths or [128, 256, 512, 1024, 2048], "baseline": base, "cases": cases,
+            "sweeps_head_dim": False, "tables": [print_equal_params]}
+
+
+def print_equal_params(title, spec, results):
+    """The parameter counts of the cases, to show they are equal."""
+    counts = {case: r["params"] for (case, _), r in results.items() if "params" in r}
+    same = len(set(counts.values())) == 1
+    print(f"parameters: {', '.join(f'{c}: {n:,}' for c, n in counts.items())}"
+          f" -- {'all equal' if same else 'NOT equal'}")
+
+
+# ------------------------------------------------------------------ MGK-GPT2 (registered once hf_mgk has it)
+def mgk_gpt2_cases(args, head_dim=None):
+    """MGK-GPT2 with H/2 heads of the baseline's head size, M=2 keys, vs GPT-2 with H heads (SDPA)."""
+    heads = args.heads
+    size = _width(heads, head_dim, "n_embd", "n_inner")
+    half = {**size, "n_head": heads // 2, "head_dim": head_dim or GPT2_SIZE["n_embd"] // heads}
+    base = f"GPT-2, {heads} heads (SDPA)"
+    return {"lengths": args.lengths or [256, 512, 1024, 2048], "baseline": base,
+            "cases": {base: ("gpt2", {**size, "n_head": heads}),
+                      f"MGK-GPT2 soft, {heads // 2} heads": ("mgk_gpt2", half),
+                      f"MGK-GPT2 hard, {heads // 2} heads": ("mgk_gpt2", {**half, "e_step": "hard"})}}
+
+
+if importlib.util.find_spec("hf_mgk") and hasattr(importlib.import_module("hf_mgk"), "MGKGPT2Config"):
+    family("mgk-gpt2")(mgk_gpt2_cases)
+
+
+class Builder(tuple):
+    """How to build one kind of model (a tuple, so tests can swap the size): module, config class, model class,
+    size, position field, fewest positions, model kwargs, attention implementation or None, extra positions
+    (RoBERTa's padding offset), the name of the attention modules (their FLOP share is the formula's scope)."""
+
+    def __new__(cls, module, config, model, size, positions, fewest, model_kwargs, attn, offset=0,
+                attention="attention"):
+        return super().__new__(cls, (module, config, model, size, positions, fewest, model_kwargs, attn, offset,
+                                     attention))
+
+
+NO_POOLER = {"add_pooling_layer": False}
+# Child processes rebuild a case from its kind and JSON overrides.
 BUILDERS = {
-    "bert": ("transformers", "BertConfig", "BertModel", BERT_SIZE, "max_position_embeddings", 512,
-             {"add_pooling_layer": False}, "sdpa"),
-    "mgk": ("hf_mgk", "MGKBertConfig", "MGKBertModel", BERT_SIZE, "max_position_embeddings", 512,
-            {"add_pooling_layer": False}, None),
-    "gpt2": ("transformers", "GPT2Config", "GPT2Model", GPT2_SIZE, "n_positions", 1024, {}, "sdpa"),
-    "fish_gpt2": ("hf_mgk", "FiSHGPT2Config", "FiSHGPT2Model", GPT2_SIZE, "n_positions", 1024, {}, None),
+    "bert": Builder("transformers", "BertConfig", "BertModel", BERT_SIZE, "max_position_embeddings", 512,
+                    NO_POOLER, "sdpa"),
+    "mgk": Builder("hf_mgk", "MGKBertConfig", "MGKBertModel", BERT_SIZE, "max_position_embeddings", 512,
+                   NO_POOLER, None),
+    "gpt2": Builder("transformers", "GPT2Config", "GPT2Model", GPT2_SIZE, "n_positions", 1024, {}, "sdpa",
+                    attention="attn"),
+    "fish_gpt2": Builder("hf_mgk", "FiSHGPT2Config", "FiSHGPT2Model", GPT2_SIZE, "n_positions", 1024, {}, None,
+                         attention="attn"),
+    "roberta": Builder("transformers", "RobertaConfig", "RobertaModel", NPRF_WIDTH, "max_position_embeddings", 0,
+                       NO_POOLER, "sdpa", offset=2),
+    "nprf_roberta": Builder("hf_mgk", "NPRFRobertaConfig", "NPRFRobertaModel",
+                            {**NPRF_WIDTH, "use_absolute_positions": False,
+                             "num_random_features": NPRF_ATTN["features"]},
+                            "max_position_embeddings", 0, NO_POOLER, None, offset=2),
+    "longformer": Builder("transformers", "LongformerConfig", "LongformerModel", {**NPRF_WIDTH, "attention_window": 256},
+                          "max_position_embeddings", 0, NO_POOLER, None, offset=2),
+    # MGK-GPT2 (hf_mgk.MGKGPT2Config: GPT2Config fields + attention_type, num_keys, e_step, mgk_prior, head_dim)
+    "mgk_gpt2": Builder("hf_mgk", "MGKGPT2Config", "MGKGPT2Model", GPT2_SIZE, "n_positions", 1024, {}, None,
+                        attention="attn"),
 }
+
+
+def make_config(kind, overrides, length):
+    """The configuration of one case, with room for `length` positions."""
+    if kind not in BUILDERS:
+        raise ValueError(f"unknown model kind {kind!r}")
+    module, config_name, _, size, positions, fewest, _, attn, offset, _ = BUILDERS[kind]
+    config = getattr(importlib.import_module(module), config_name)(
+        **{**size, positions: max(length + offset, fewest), **overrides})
+    if attn is not None:
+        config._attn_implementation = attn
+    return config
 
 
 def build(kind, overrides, length):
     """The model for one case, with room for `length` positions."""
-    if kind not in BUILDERS:
-        raise ValueError(f"unknown model kind {kind!r}")
-    module, config_name, model_name, size, positions, fewest, model_kwargs, attn = BUILDERS[kind]
-    module = importlib.import_module(module)
-    config = getattr(module, config_name)(**size, **{positions: max(length, fewest)}, **overrides)
-    if attn is not None:
-        config._attn_implementation = attn
-    return getattr(module, model_name)(config, **model_kwargs)
+    config = make_config(kind, overrides, length)
+    module, _, model_name, *_, model_kwargs, _, _, _ = BUILDERS[kind]
+    return getattr(importlib.import_module(module), model_name)(config, **model_kwargs)
+
+
+def paper_flops(kind, config, length, batch):
+    """(forward FLOPs by the family's paper formula over all layers and the batch, what the formula covers), or
+    (None, why not). MGK App. B and NPRF: the attention layer; FiSH App. D: the attention-matrix part."""
+    if kind in ("gpt2", "fish_gpt2"):
+        return app_d(config, batch, length)["appd_flops"], "FiSH App. D, attention-matrix part"
+    if kind == "longformer":
+        return None, "no formula (Longformer)"
+    hidden, heads, layers = config.hidden_size, config.num_attention_heads, config.num_hidden_layers
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    kind_of_attention = getattr(config, "attention_type", "softmax")
+    if kind == "nprf_roberta" and kind_of_attention == "nprf":
+        per_layer = paper.nprf_attention_flops(length, hidden, heads, head_dim, config.num_random_features)
+        return per_layer * layers * batch, "NPRF products, FFT form, attention layer"
+    if kind_of_attention not in ("softmax", "mgk"):
+        return None, f"no formula ({kind_of_attention}: App. B covers separate keys, option (A))"
+    keys = config.num_keys if kind_of_attention == "mgk" else 1
+    per_layer = paper.mgk_attention_flops(length, hidden, heads, head_dim, keys)
+    return per_layer * layers * batch, "MGK App. B, attention layer"
 
 
 # ------------------------------------------------------------------ FLOP counting
@@ -242,12 +368,13 @@ def _total(counts):
     return int(sum(counts.values()))
 
 
-def count_flops(model, ids, step=None):
-    """FlopCounterMode counts (2mnk per matmul) of one training step on the model as it trains (grad enabled,
-    so the attention takes its training path): the forward of the whole model, the attention modules' share
-    of that forward (taken before the backward, whose module attribution is not reliable), and forward +
-    backward. `step(on_forward)` runs one step and calls on_forward() between forward and backward; by
-    default a forward, the benchmark's loss and a backward (gradients cleared after)."""
+def count_flops(model, ids, step=None, attention="attn"):
+    """FlopCounterMode counts (2mnk per matmul) of one step on the model as it is (training: grad enabled, so the
+    attention takes its training path; or a no-grad forward): the forward of the whole model, the share of the
+    modules named `attention` in that forward (taken before the backward, whose module attribution is not
+    reliable), and the whole step (flops_fwd_bwd; the forward alone for a forward step). `step(on_forward)` runs
+    one step and calls on_forward() after the forward; by default a forward, the benchmark's loss and a backward
+    (gradients cleared after)."""
     if step is None:
         def step(on_forward):
             hidden = model(ids).last_hidden_state
@@ -257,7 +384,7 @@ def count_flops(model, ids, step=None):
     forward = {}
     with flop_counter_mode() as fc:
         step(lambda: forward.update(fc.get_flop_counts()))
-    attn = sum(_total(c) for name, c in forward.items() if name.split(".")[-1] == "attn")
+    attn = sum(_total(c) for name, c in forward.items() if name.split(".")[-1] == attention)
     return {"flops_fwd": _total(forward["Global"]), "flops_attn": attn, "flops_fwd_bwd": fc.get_total_flops()}
 
 
@@ -330,61 +457,209 @@ def _rss_bytes():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def measure(kind, overrides, length, batch, repeats, threads, count=False):
-    """Runs in the child: (median step seconds, peak added MiB, parameter count), and with `count` the FLOP and
-    parameter counts of flop_report, taken on the (untimed) warm-up step."""
+def measure(kind, overrides, length, batch, repeats, threads, detail=False, mode="train"):
+    """Runs in the child: median step seconds, peak added MiB, parameter count and FlopCounterMode's counts
+    (count_flops; with `detail`, FiSH's flop_report), taken on the (untimed) warm-up step. mode "train": forward,
+    backward and an SGD step; "forward": a forward in eval mode under no_grad."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    model = build(kind, overrides, length).train()
+    model = build(kind, overrides, length).train(mode == "train")
     params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    ids = torch.randint(0, model.config.vocab_size, (batch, length))
+    ids = torch.randint(3, model.config.vocab_size, (batch, length))  # ids 0-2 are RoBERTa's special tokens
 
-    def step(on_forward=None):
+    def step(on_forward=lambda: None):
+        if mode == "forward":
+            with torch.no_grad():
+                model(ids)
+            return on_forward()
         opt.zero_grad(set_to_none=True)
         hidden = model(ids).last_hidden_state
-        if on_forward is not None:
-            on_forward()
+        on_forward()
         hidden.float().pow(2).mean().backward()
         opt.step()
 
-    # warm-up: allocations, kernel selection; with `count` it is the step FlopCounterMode counts (untimed)
-    warm_up = (lambda: flop_report(model, ids, step)) if count else step
+    # warm-up: allocations, kernel selection; and the step FlopCounterMode counts (untimed)
+    attention = BUILDERS[kind][9]
+    warm_up = (lambda: flop_report(model, ids, step)) if detail else (
+        lambda: count_flops(model, ids, step, attention))
     result, counts = _timed(step, repeats, warm_up)
     result["params"] = params
-    if count:
-        result.update(counts)
+    result.update(counts)
     return result
+
+
+DEVICE = "cpu"  # main() sets it from --device; call_child hands it to the child
 
 
 def call_child(name, call_args):
     """Run CHILD_FUNCTIONS[name](*call_args) in a fresh interpreter (clean memory peak); its result dict."""
-    proc = subprocess.run([sys.executable, __file__, "--_child", json.dumps([name, call_args])],
+    proc = subprocess.run([sys.executable, __file__, "--_child", json.dumps([name, call_args]), "--_device", DEVICE],
                           capture_output=True, text=True)
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1][:120] if proc.stderr.strip() else "failed"}
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_child(kind, overrides, length, args, count=False):
-    return call_child("measure", [kind, overrides, length, args.batch, args.repeats, args.threads, count])
+def run_child(kind, overrides, length, args, detail=False, mode="train", repeats=None):
+    return call_child("measure", [kind, overrides, length, args.batch, repeats or args.repeats, args.threads,
+                                  detail, mode])
 
 
-def print_table(title, spec, results):
+# ------------------------------------------------------------------ rows: one per measurement, for every output
+CSV_COLUMNS = ["family", "case", "baseline", "device", "mode", "threads", "batch", "length", "hidden", "heads",
+               "head_dim", "params", "params_ratio", "ms", "tokens_per_s", "ratio_vs_baseline", "peak_mem_mib",
+               "peak_mem_ratio", "flops_counted", "flop_ratio_counted", "flops_attention_counted",
+               "flop_ratio_attention_counted", "flops_formula", "flop_ratio_formula", "formula", "error"]
+
+
+def _div(a, b):
+    return a / b if a is not None and b else None
+
+
+def make_rows(family_name, spec, results, mode, args, swept=None):
+    """One dict per (case, length) with CSV_COLUMNS (and `swept`, the --head-dims value): the measurement, its
+    ratios to the baseline at the same length, and the FLOPs counted and by the family's paper formula. counted:
+    the whole timed step (forward + backward in training); attention: the attention layers' forward share;
+    formula: forward, over what the formula covers (`formula`)."""
+    rows = []
     base = spec["baseline"]
-    print(f"\n## {title}")
-    print("| model | N | step (ms) | x baseline | peak step memory (MiB) | x baseline | parameters | x baseline |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for length in spec["lengths"]:
-        b = results[(base, length)]
-        for name in spec["cases"]:
-            r = results[(name, length)]
-            if "error" in r or "error" in b:
-                print(f"| {name} | {length} | {r.get('error', 'baseline failed')} | | | | | |")
-                continue
-            print(f"| {name} | {length} | {1000 * r['seconds']:.1f} | {r['seconds'] / b['seconds']:.2f} | "
-                  f"{r['peak_mib']:.0f} | {r['peak_mib'] / max(b['peak_mib'], 1e-9):.2f} | "
-                  f"{r['params'] / 1e6:.2f}M | {r['params'] / b['params']:.2f} |")
+        ref = {}
+        for case in [base] + [c for c in spec["cases"] if c != base]:  # the baseline's row first: the reference
+            kind, overrides = spec["cases"][case]
+            r = results[(case, length)]
+            config = make_config(kind, overrides, length)
+            formula, scope = paper_flops(kind, config, length, args.batch)
+            row = {"family": family_name, "case": case, "baseline": case == spec["baseline"], "device": DEVICE,
+                   "mode": mode, "threads": args.threads, "batch": args.batch, "length": length,
+                   "hidden": config.hidden_size, "heads": config.num_attention_heads,
+                   "head_dim": getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
+                   "params": r.get("params"), "flops_formula": formula, "formula": scope, "error": r.get("error"),
+                   "swept": swept, "baseline_case": base}
+            if "error" not in r:
+                row.update(ms=1000 * r["seconds"], tokens_per_s=args.batch * length / r["seconds"],
+                           peak_mem_mib=r["peak_mib"], flops_counted=r["flops_fwd_bwd"],
+                           flops_attention_counted=r["flops_attn"])
+            ref = ref or row
+            row["baseline_ms"] = ref.get("ms")
+            row.update(ratio_vs_baseline=_div(row.get("ms"), ref.get("ms")),
+                       peak_mem_ratio=_div(row.get("peak_mem_mib"), ref.get("peak_mem_mib")),
+                       params_ratio=_div(row["params"], ref["params"]),
+                       flop_ratio_counted=_div(row.get("flops_counted"), ref.get("flops_counted")),
+                       flop_ratio_attention_counted=_div(row.get("flops_attention_counted"),
+                                                         ref.get("flops_attention_counted")),
+                       flop_ratio_formula=_div(formula, ref["flops_formula"]))
+            rows.append(row)
+    return rows
+
+
+def _x(value):
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _num(value, fmt):
+    return "-" if value is None else format(value, fmt)
+
+
+# (header, cell) pairs: the console table, and the summary that --markdown writes
+TABLE = [("model", lambda r: r["case"]), ("N", lambda r: str(r["length"])),
+         ("ms", lambda r: r["error"] or _ms(r["ms"] / 1000)), ("tokens/s", lambda r: _num(r.get("tokens_per_s"), ",.0f")),
+         ("x baseline", lambda r: _x(r["ratio_vs_baseline"])),
+         ("peak MiB", lambda r: _num(r.get("peak_mem_mib"), ".0f")), ("x", lambda r: _x(r["peak_mem_ratio"])),
+         ("parameters", lambda r: _num(r["params"], ",")), ("x", lambda r: _x(r["params_ratio"])),
+         ("GFLOP counted", lambda r: _num(r.get("flops_counted") and r["flops_counted"] / 1e9, ".3f")),
+         ("x", lambda r: _x(r["flop_ratio_counted"])),
+         ("attention fwd, counted x", lambda r: _x(r["flop_ratio_attention_counted"])),
+         ("paper formula x", lambda r: _x(r["flop_ratio_formula"]))]
+SUMMARY = [("family", lambda r: r["family"]), ("model", lambda r: r["case"]), ("baseline", lambda r: r["baseline_case"]),
+           ("mode", lambda r: r["mode"]), ("N", lambda r: str(r["length"])), ("head size", lambda r: str(r["head_dim"])),
+           ("ms", lambda r: r["error"] or _ms(r["ms"] / 1000)),
+           ("baseline ms", lambda r: "-" if r["baseline_ms"] is None else _ms(r["baseline_ms"] / 1000)),
+           ("tokens/s", lambda r: _num(r.get("tokens_per_s"), ",.0f")),
+           ("time x baseline", lambda r: _x(r["ratio_vs_baseline"])),
+           ("FLOPs x, counted (step)", lambda r: _x(r["flop_ratio_counted"])),
+           ("FLOPs x, counted (attention fwd)", lambda r: _x(r["flop_ratio_attention_counted"])),
+           ("FLOPs x, paper formula", lambda r: _x(r["flop_ratio_formula"])),
+           ("formula covers", lambda r: r["formula"])]
+
+
+def markdown_table(rows, columns):
+    """The rows as a Markdown table (text columns left-aligned, numbers right-aligned)."""
+    left = {"model", "family", "baseline", "mode", "formula covers"}
+    lines = ["| " + " | ".join(h for h, _ in columns) + " |",
+             "|" + "|".join("---" if h in left else "---:" for h, _ in columns) + "|"]
+    lines += ["| " + " | ".join(cell(r) for _, cell in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def print_table(title, spec, rows):
+    print(f"\n## {title}")
+    print(markdown_table(rows, TABLE))
+
+
+def write_csv(path, rows):
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, CSV_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_markdown(path, rows, args):
+    """The summary: every model against its family's baseline, the measured time ratio beside the FLOP ratios."""
+    command = " ".join(["python", "scripts/benchmark.py", *sys.argv[1:]])
+    text = [f"Command: `{command}`", "",
+            f"torch {torch.__version__}, device {DEVICE}, {args.threads} threads, batch {args.batch}, median of "
+            f"{args.repeats} steps. time x baseline = ms / the baseline's ms at the same N in the same run; FLOPs x: "
+            "FlopCounterMode on the timed step (forward + backward in training) and on the attention layers' "
+            "forward, and the paper's formula (forward) over what it covers.", "",
+            markdown_table([r for r in rows if not r["baseline"]], SUMMARY), ""]
+    pathlib.Path(path).write_text("\n".join(text))
+
+
+def figure_paths(directory, family_name, modes, head_dims, spec):
+    sweep = len(head_dims or []) > 1 and spec.get("sweeps_head_dim", True)
+    return {mode: [pathlib.Path(directory) / f"{family_name}-{mode}-ratio-vs-length.png"]
+            + ([pathlib.Path(directory) / f"{family_name}-{mode}-ratio-vs-head-size.png"] if sweep else [])
+            for mode in modes}
+
+
+def write_figures(paths, rows, title):
+    """The papers' efficiency figures from measured rows: time / baseline against N (solid), the paper formula's
+    FLOP ratio dashed in the same colour; with a head-size sweep, the same against the head size at the largest N."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    cases = list(dict.fromkeys(r["case"] for r in rows if not r["baseline"]))
+    first_sweep = rows[0]["swept"]
+    for path, x_key in zip(paths, ("length", "swept")):
+        if x_key == "length":
+            chosen = [r for r in rows if r["swept"] == first_sweep]
+        else:
+            longest = max(r["length"] for r in rows)
+            chosen = [r for r in rows if r["length"] == longest]
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        for i, case in enumerate(cases):
+            mine = sorted((r for r in chosen if r["case"] == case), key=lambda r: r[x_key])
+            xs = [r[x_key] for r in mine]
+            colour = f"C{i}"
+            ax.plot(xs, [r["ratio_vs_baseline"] or math.nan for r in mine], "o-", color=colour, label=case)
+            if any(r["flop_ratio_formula"] is not None for r in mine):
+                ax.plot(xs, [r["flop_ratio_formula"] or math.nan for r in mine], "--", color=colour, alpha=0.6)
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.plot([], [], "k--", alpha=0.6, label="paper formula's FLOP ratio")
+        ax.set_xscale("log", base=2)
+        ticks = sorted({r[x_key] for r in chosen})
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.set_xlabel("sequence length N" if x_key == "length" else f"head size (N = {longest})")
+        ax.set_ylabel(f"time / {rows[0]['baseline_case']}'s")
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
 
 
 def _ratio(r, b, key):
@@ -442,9 +717,6 @@ def print_param_table(title, spec, results):
 
 
 # ------------------------------------------------------------------ NPRF
-NPRF_ATTN = dict(heads=8, head_dim=64, features=32)
-NPRF_WIDTH = dict(hidden_size=512, num_hidden_layers=2, num_attention_heads=8, intermediate_size=2048,
-                  vocab_size=1000, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 NPRF_PATHS = ("explicit", "fft", "band")
 
 
@@ -461,7 +733,7 @@ def nprf_attention_step(path, length, causal, batch):
         return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(grad)
     table = torch.zeros(h, 32, requires_grad=True)  # T5 buckets, the model's defaults (32 buckets, distance 128)
     w = an.t5_constant_distance(not causal, 32, 128)
-    features = an.draw_features(m, d, torch.Generator().manual_seed(0))
+    features = an.draw_features(m, d, _generator())
 
     def step():
         bias = an.rpe_bias_from_buckets(table, length, bidirectional=not causal, max_distance=128)
@@ -474,16 +746,37 @@ def nprf_explicit_fits(length, batch):
     return 6 * batch * NPRF_ATTN["heads"] * length * length * 4 < 8 * 2**30
 
 
+def _generator():
+    """A seeded generator on the device the child computes on."""
+    return torch.Generator(device=torch.get_default_device()).manual_seed(0)
+
+
+def _cuda():
+    """Whether the child computes on the GPU (main() sets the default device there for --device cuda)."""
+    return torch.get_default_device().type == "cuda"
+
+
 def _timed(step, repeats, warm_up=None):
-    """A warm-up call (`warm_up`, default `step`; its peak RSS above the RSS before it is the memory figure),
-    then the median of `repeats` calls of `step`. Returns ({seconds, peak_mib}, the warm-up's return value)."""
-    rss_before = _rss_bytes()
+    """A warm-up call (`warm_up`, default `step`; the peak memory it adds is the memory figure), then the median
+    of `repeats` calls of `step`, synchronised on a GPU. Returns ({seconds, peak_mib}, the warm-up's return)."""
+    if _cuda():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    else:
+        before = _rss_bytes()
     warm = (warm_up or step)()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before
+    if _cuda():
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - before
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         step()
+        if _cuda():
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return {"seconds": statistics.median(times), "peak_mib": max(peak, 0) / 2**20}, warm
 
@@ -492,38 +785,6 @@ def measure_attention(path, length, causal, batch, repeats, threads):
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     return _timed(nprf_attention_step(path, length, causal, batch), repeats)[0]
-
-
-def whole_model_forward(kind, length, batch):
-    """One forward (no grad) of an encoder of equal width at this length."""
-    if kind == "nprf":
-        from hf_mgk import NPRFRobertaConfig, NPRFRobertaModel
-
-        model = NPRFRobertaModel(NPRFRobertaConfig(**NPRF_WIDTH, use_absolute_positions=False,
-                                                   num_random_features=NPRF_ATTN["features"]), add_pooling_layer=False)
-    elif kind == "roberta":
-        from transformers import RobertaConfig, RobertaModel
-
-        config = RobertaConfig(**NPRF_WIDTH, max_position_embeddings=length + 2)
-        config._attn_implementation = "sdpa"
-        model = RobertaModel(config, add_pooling_layer=False)
-    elif kind == "longformer":
-        from transformers import LongformerConfig, LongformerModel
-
-        model = LongformerModel(LongformerConfig(**NPRF_WIDTH, attention_window=256,
-                                                 max_position_embeddings=length + 2), add_pooling_layer=False)
-    else:
-        raise ValueError(kind)
-    model.eval()
-    ids = torch.randint(3, NPRF_WIDTH["vocab_size"], (batch, length))
-    return lambda: model(ids)
-
-
-def measure_forward(kind, length, batch, repeats, threads):
-    torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    with torch.no_grad():
-        return _timed(whole_model_forward(kind, length, batch), repeats)[0]
 
 
 def growth_per_doubling(seconds):
@@ -551,14 +812,19 @@ def _ms(seconds):
 
 
 @family("nprf")
-def nprf_cases(args):
+def nprf_cases(args, head_dim=None):
     """NPRF attention (each exact path) vs SDPA, and whole NPRF-RoBERTa vs RoBERTa (SDPA) and Longformer."""
-    return {"runner": run_nprf}
+    size = _width(NPRF_WIDTH["num_attention_heads"], head_dim, "hidden_size", "intermediate_size")
+    base = "RoBERTa (SDPA)"
+    return {"runner": run_nprf, "lengths": args.lengths or [512, 1024, 2048, 4096, 8192, 16384], "baseline": base,
+            "cases": {base: ("roberta", size), "NPRF-RoBERTa": ("nprf_roberta", size),
+                      "Longformer, window 256": ("longformer", size)},
+            "mode": "forward", "repeat_up_to": 4096}
 
 
 def run_nprf(args):
-    """Attention fwd+bwd per path and length, growth per doubling and the crossover; then whole-model forwards.
-    Lengths above 4096 are timed once (a single 16k SDPA step takes tens of seconds here)."""
+    """Attention fwd+bwd per path and length, growth per doubling and the crossover (the whole models follow in
+    main's loop). Lengths above 4096 are timed once (a single 16k SDPA step takes tens of seconds here)."""
     lengths = args.lengths or [512, 1024, 2048, 4096, 8192, 16384]
     batch = args.batch
     for causal in (False, True):
@@ -600,32 +866,18 @@ def run_nprf(args):
             n = stays_ahead_from(t, seconds["sdpa"])
             print(f"  {name}: " + (f"from N = {n}" if n is not None else "never stays ahead (not faster at the "
                                    "largest N measured for both)"))
-    print(f"\n## nprf: whole-model forward, no grad, equal width (hidden {NPRF_WIDTH['hidden_size']}, "
-          f"{NPRF_WIDTH['num_hidden_layers']} layers, {NPRF_WIDTH['num_attention_heads']} heads), batch {batch}; "
-          "x = time / RoBERTa's")
-    print("| N | RoBERTa (SDPA) ms | NPRF-RoBERTa ms | x | Longformer (window 256) ms | x |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for length in lengths:
-        res = {kind: call_child("measure_forward", [kind, length, batch, args.repeats if length <= 4096 else 1,
-                                                         args.threads])
-               for kind in ("roberta", "nprf", "longformer")}
-        base = res["roberta"]
-        cells = []
-        for kind in ("nprf", "longformer"):
-            r = res[kind]
-            if "error" in r or "error" in base:
-                cells.append(f"{r.get('error', base.get('error'))} | ")
-            else:
-                cells.append(f"{_ms(r['seconds'])} | {r['seconds'] / base['seconds']:.2f}")
-        base_ms = _ms(base["seconds"]) if "error" not in base else base["error"]
-        print(f"| {length} | {base_ms} | " + " | ".join(cells) + " |")
 
 
 CHILD_FUNCTIONS = {"measure": measure, "measure_attention": measure_attention,
-                   "measure_forward": measure_forward, "measure_mgk_attention": measure_mgk_attention}
+                   "measure_mgk_attention": measure_mgk_attention}
+
+
+def _modes(args, spec):
+    return ["train", "forward"] if args.mode == "both" else [args.mode or spec.get("mode", "train")]
 
 
 def main():
+    global DEVICE
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--family", choices=sorted(FAMILIES) + ["all"], default="all")
     p.add_argument("--lengths", type=int, nargs="*", help="sequence lengths (default: per family)")
@@ -636,26 +888,77 @@ def main():
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--mode", choices=["train", "forward", "both"],
+                   help="train: forward + backward + SGD step; forward: no-grad forward (default: train; the nprf "
+                        "family's whole models: forward)")
+    p.add_argument("--head-dims", type=int, nargs="*",
+                   help="sweep the head size: the baseline gets --heads heads of each size (hidden = heads x size)")
+    p.add_argument("--models-only", action="store_true", help="skip the attention-alone tables (mgk, nprf)")
+    p.add_argument("--csv", help="write one row per measurement to this CSV file")
+    p.add_argument("--markdown", help="write the summary table (models vs baselines) to this Markdown file")
+    p.add_argument("--figures", help="write PNG figures of the ratios to this folder")
+    p.add_argument("--overwrite", action="store_true", help="replace existing --csv / --markdown / figure files")
     p.add_argument("--_child", help=argparse.SUPPRESS)
+    p.add_argument("--_device", default="cpu", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args._child:
+        if args._device != "cpu":
+            torch.set_default_device(args._device)
         name, call_args = json.loads(args._child)
         print(json.dumps(CHILD_FUNCTIONS[name](*call_args)))
         return
-    print(f"torch {torch.__version__}, {args.threads} threads, batch {args.batch}, median of {args.repeats} steps")
-    for name in sorted(FAMILIES) if args.family == "all" else [args.family]:
-        spec = FAMILIES[name](args)
-        if "runner" in spec:
-            spec["runner"](args)
-            continue
-        results = {}
-        for length in spec["lengths"]:
-            for case, (kind, overrides) in spec["cases"].items():
-                results[(case, length)] = run_child(kind, overrides, length, args, spec.get("count_flops", False))
-        for table in spec.get("tables", [print_table]):
-            table(f"{name}: {FAMILIES[name].__doc__.strip()}", spec, results)
-        for extra in spec.get("after", []):
-            extra(args, spec)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device cuda: CUDA is not available here (torch {torch.__version__}, built for CUDA "
+                f"{torch.version.cuda}); run with --device cpu or on a machine with a GPU")
+    DEVICE = args.device
+    names = sorted(FAMILIES) if args.family == "all" else [args.family]
+    planned = {name: FAMILIES[name](args) for name in names}
+    figures = {name: figure_paths(args.figures, name, _modes(args, spec), args.head_dims, spec)
+               for name, spec in planned.items()} if args.figures else {}
+    outputs = [pathlib.Path(f) for f in (args.csv, args.markdown) if f]
+    outputs += [path for by_mode in figures.values() for paths in by_mode.values() for path in paths]
+    existing = [str(path) for path in outputs if path.exists()]
+    if existing and not args.overwrite:
+        p.error(f"{', '.join(existing)} already exist(s); pass --overwrite to replace, or choose other paths")
+    if args.figures:
+        pathlib.Path(args.figures).mkdir(parents=True, exist_ok=True)
+
+    print(f"torch {torch.__version__}, {DEVICE}, {args.threads} threads, batch {args.batch}, median of "
+          f"{args.repeats} steps")
+    rows = []
+    for name in names:
+        for i, head_dim in enumerate(args.head_dims or [None]):
+            spec = FAMILIES[name](args, head_dim)
+            if i and not spec.get("sweeps_head_dim", True):
+                break
+            first = i == 0
+            if "runner" in spec and first and not args.models_only:
+                spec["runner"](args)
+            for mode in _modes(args, spec):
+                results = {}
+                for length in spec["lengths"]:
+                    repeats = args.repeats if length <= spec.get("repeat_up_to", math.inf) else 1
+                    for case, (kind, overrides) in spec["cases"].items():
+                        results[(case, length)] = run_child(kind, overrides, length, args,
+                                                            spec.get("flop_detail", False) and mode == "train",
+                                                            mode, repeats)
+                title = f"{name}: {FAMILIES[name].__doc__.strip().splitlines()[0]} Mode: {mode}" + (
+                    f", head size {head_dim}" if head_dim else "")
+                family_rows = make_rows(name, spec, results, mode, args, head_dim)
+                rows += family_rows
+                print_table(title, spec, family_rows)
+                for table in spec.get("tables", []) + (spec.get("train_tables", []) if mode == "train" else []):
+                    table(title, spec, results)
+            for extra in spec.get("after", []) if first and not args.models_only else []:
+                extra(args, spec)
+        for mode, paths in figures.get(name, {}).items():
+            write_figures(paths, [r for r in rows if r["family"] == name and r["mode"] == mode],
+                          f"{name} ({mode}, {DEVICE}, {args.threads} threads, batch {args.batch})")
+    if args.csv:
+        write_csv(args.csv, rows)
+    if args.markdown:
+        write_markdown(args.markdown, rows, args)
 
 
 if __name__ == "__main__":

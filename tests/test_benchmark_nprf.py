@@ -82,11 +82,16 @@ def test_attention_step_uses_the_batch(path, monkeypatch):
     assert seen == [(3, bench.NPRF_ATTN["heads"], 24, bench.NPRF_ATTN["head_dim"])]
 
 
-@pytest.mark.parametrize("kind", ["roberta", "nprf", "longformer"])
-def test_whole_model_forward_uses_the_batch(kind):
-    with torch.no_grad():
-        out = bench.whole_model_forward(kind, 20, 3)()
-    assert out.last_hidden_state.shape == (3, 20, bench.NPRF_WIDTH["hidden_size"])
+@pytest.mark.parametrize("kind", ["roberta", "nprf_roberta", "longformer"])
+def test_whole_model_measurement_uses_the_batch(kind, monkeypatch):
+    seen = []
+    model = bench.build(kind, {}, 20)
+    monkeypatch.setattr(bench, "build", lambda *a: model)
+    model.register_forward_hook(lambda m, args, kwargs, out: seen.append(out.last_hidden_state.shape),
+                                with_kwargs=True)
+    r = bench.measure(kind, {}, 20, 3, 1, torch.get_num_threads(), False, "forward")
+    assert seen and set(seen) == {(3, 20, bench.NPRF_WIDTH["hidden_size"])}
+    assert r["flops_fwd"] == r["flops_fwd_bwd"] > r["flops_attn"] > 0  # forward mode: the step is the forward
 
 
 def test_child_process_measures_an_attention_path():
@@ -139,10 +144,11 @@ def family_run():
 def test_every_measurement_gets_the_batch(family_run):
     _, calls = family_run
     attention = [a for name, a, _ in calls if name == "measure_attention"]
-    forward = [a for name, a, _ in calls if name == "measure_forward"]
+    models = [a for name, a, _ in calls if name == "measure"]
     assert len(attention) == 2 * len(LENGTHS) * (1 + len(bench.NPRF_PATHS))
-    assert len(forward) == 3 * len(LENGTHS)
-    assert all(a[3] == BATCH for a in attention) and all(a[2] == BATCH for a in forward)
+    assert sorted((a[0], a[2]) for a in models) == sorted(
+        (kind, n) for kind in ("roberta", "nprf_roberta", "longformer") for n in LENGTHS)
+    assert all(a[3] == BATCH for a in attention) and all(a[3] == BATCH and a[7] == "forward" for a in models)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -176,15 +182,18 @@ def test_attention_table_is_complete_and_consistent(family_run, causal):
 
 
 def test_whole_model_table_is_complete_and_consistent(family_run):
+    """The whole models come through main's one table: every (model, N), times and ratios to RoBERTa's."""
     text, _ = family_run
-    block = text.split("## nprf: whole-model forward")[1]
-    assert f"batch {BATCH};" in block.splitlines()[0]
-    rows = _rows(block)
-    assert sorted(rows) == list(LENGTHS)
-    for n, c in rows.items():
-        assert len(c) == 6
-        base, nprf, x_nprf, longformer, x_longformer = c[1:]
-        assert _consistent(x_nprf, nprf, base) and _consistent(x_longformer, longformer, base), c
+    block = text.split("## nprf: NPRF attention")[1].split("Mode: forward")[1].split("\n## ")[0]
+    header = _cells(block.splitlines()[1])
+    assert header[:5] == ["model", "N", "ms", "tokens/s", "x baseline"]
+    rows = [_cells(line) for line in block.splitlines()[3:] if line.startswith("|")]
+    assert [(r[0], int(r[1])) for r in rows] == [(m, n) for n in LENGTHS for m in
+                                                  ("RoBERTa (SDPA)", "NPRF-RoBERTa", "Longformer, window 256")]
+    for r in rows:
+        base = next(b for b in rows if b[1] == r[1] and b[0] == "RoBERTa (SDPA)")
+        assert _consistent(r[4], r[2], base[2]), r
+        assert float(r[3].replace(",", "")) == pytest.approx(BATCH * int(r[1]) / (float(r[2]) / 1000), rel=0.01)
 
 
 def test_printed_crossover_and_growth_on_given_times(monkeypatch, capsys):
@@ -194,8 +203,9 @@ def test_printed_crossover_and_growth_on_given_times(monkeypatch, capsys):
           "fft": {n: 2 * t for n, t in sdpa.items()}, "band": {512: 12.0, 1024: 22.0, 2048: 45.0, 4096: 70.0}}
 
     def given(name, call_args):
-        seconds = ms[call_args[0]][call_args[1]] if name == "measure_attention" else 1.0
-        return {"seconds": seconds / 1000, "peak_mib": 1.0}
+        if name == "measure_attention":
+            return {"seconds": ms[call_args[0]][call_args[1]] / 1000, "peak_mib": 1.0}
+        return {"seconds": 1.0, "peak_mib": 1.0, "params": 1, "flops_fwd": 1, "flops_fwd_bwd": 1, "flops_attn": 1}
 
     monkeypatch.setattr(bench, "call_child", given)
     monkeypatch.setattr("sys.argv", ["benchmark.py", "--family", "nprf", "--lengths", *map(str, sdpa),
