@@ -195,6 +195,10 @@ def _tiny(family, attention_type):
         return hf_mgk.FiSHGPT2Model(hf_mgk.FiSHGPT2Config(
             attention_type=attention_type, vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_inner=37,
             n_positions=64, num_global_heads=2))
+    if family == "mgk-gpt2":
+        return hf_mgk.MGKGPT2Model(hf_mgk.MGKGPT2Config(
+            attention_type=attention_type, vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_inner=37,
+            n_positions=64))
     if family == "nprf-roberta":
         return hf_mgk.NPRFRobertaModel(hf_mgk.NPRFRobertaConfig(
             attention_type=attention_type, vocab_size=99, hidden_size=32, num_hidden_layers=2,
@@ -208,6 +212,7 @@ def _tiny(family, attention_type):
 @pytest.mark.parametrize("family, attention_type", [
     ("mgk-bert", "mgk"), ("mgk-bert", "smgk"), ("mgk-bert", "mlk"), ("mgk-bert", "softmax"),
     ("fish-gpt2", "fish"), ("fish-gpt2", "gfish"), ("fish-gpt2", "softmax"),
+    ("mgk-gpt2", "mgk"), ("mgk-gpt2", "smgk"), ("mgk-gpt2", "mlk"), ("mgk-gpt2", "softmax"),
     ("nprf-roberta", "nprf"), ("nprf-roberta", "softmax"), ("bert", "stock")])
 def test_collect_attentions_equals_output_attentions(family, attention_type):
     """Unpadded: exactly the model's output_attentions. Padded (right, left, both): each sequence's matrices
@@ -282,6 +287,8 @@ def checkpoints(tmp_path_factory):
         "fish": (hf_mgk.FiSHGPT2LMHeadModel(hf_mgk.FiSHGPT2Config(
             n_embd=32, n_layer=2, n_head=4, n_inner=37, n_positions=64, num_global_heads=2,
             initializer_range=0.3)), gpt2_tok),
+        "mgk-gpt2": (hf_mgk.MGKGPT2LMHeadModel(hf_mgk.MGKGPT2Config(
+            n_embd=32, n_layer=2, n_head=4, n_inner=37, n_positions=64, initializer_range=0.3)), gpt2_tok),
         "nprf": (hf_mgk.NPRFRobertaForMaskedLM(hf_mgk.NPRFRobertaConfig(
             vocab_size=len(roberta_tok), hidden_size=32, max_position_embeddings=66, num_random_features=16,
             **small)), roberta_tok),
@@ -345,7 +352,7 @@ def test_script_end_to_end(checkpoints, capsys):
             assert m["layer_average"][key] == pytest.approx(np.mean([row[key] for row in m["layers"]]))
     with open(out / "head_analysis.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 4 * 3 and [r["layer"] for r in rows[:3]] == ["0", "1", "mean"]
+    assert len(rows) == len(paths) * 3 and [r["layer"] for r in rows[:3]] == ["0", "1", "mean"]
     assert float(rows[0]["distance_mean"]) == pytest.approx(report["models"][0]["layers"][0]["distance_mean"])
     with open(out / "rank_histograms.csv", newline="") as f:
         counts = [int(r["count"]) for r in csv.DictReader(f) if r["model"] == "fish" and r["layer"] == "1"]
