@@ -580,6 +580,13 @@ def _mixed_key_features(keys, log_prior):
     return (_elu1(keys) * prior).sum(dim=2)
 
 
+def _nonzero(den):
+    """The normaliser with 1 where it is 0: a query that sees no key (padding, or before the first position) has a
+    zero numerator too, so its output is 0, and its gradients are 0 (dividing by a clamped tiny value instead gives
+    0 / tiny^2 = NaN in backward)."""
+    return torch.where(den > 0, den, torch.ones((), dtype=den.dtype, device=den.device))
+
+
 def _float32(*tensors):
     """Half-precision tensors as float32 (float64 kept; None passed through): MLK's sums over N positions."""
     return [None if t is None else t.to(torch.promote_types(t.dtype, torch.float32)) for t in tensors]
@@ -598,7 +605,7 @@ def mlk_attention_reference(query, keys, value, *, log_prior=None, attention_mas
         allowed = _allowed(attention_mask, is_causal, query.shape[2], keys.shape[3], query.device)
         if allowed is not None:
             kernel = kernel * (allowed if allowed.dtype == torch.bool else allowed.exp())
-        weights = (kernel / kernel.sum(-1, keepdim=True).clamp_min(torch.finfo(kernel.dtype).tiny)).to(query.dtype)
+        weights = (kernel / _nonzero(kernel.sum(-1, keepdim=True))).to(query.dtype)
         out = torch.matmul(weights.to(v.dtype), v).to(query.dtype)
     return (out, weights) if return_weights else out
 
@@ -607,7 +614,8 @@ def mlk_attention(query, keys, value, *, log_prior=None, attention_mask=None, is
                   return_weights=False):
     """Mixture of linear keys, phi = elu + 1, in O(N): h_i = phi(q_i)^T KV / phi(q_i)^T Z.
 
-    Non-causal: KV = sum_j phi_j v_j^T and Z = sum_j phi_j; causal: the same as prefix sums over j.
+    Non-causal: KV = sum_j phi_j v_j^T and Z = sum_j phi_j; causal: the same as prefix sums over j, evaluated in
+    chunks (_causal_linear) so that memory stays O(N (C + D Dv / C)) instead of O(N D Dv).
     The sums run in float32 whatever the input dtype or autocast (output in the query's dtype): Z and the
     normaliser phi(q_i)^T Z grow with N and overflow float16 from N ~ 1k (outputs 0 or NaN), and bfloat16
     prefix sums lose the later terms."""
@@ -623,22 +631,46 @@ def mlk_attention(query, keys, value, *, log_prior=None, attention_mask=None, is
         phi_k = _mixed_key_features(k, log_prior)
         if attention_mask is not None:
             phi_k = phi_k * attention_mask[:, None, :, None].to(phi_k.dtype)
-        tiny = torch.finfo(phi_q.dtype).tiny
         if not is_causal:
             kv = torch.matmul(phi_k.transpose(-1, -2), value)                            # (B,H,D,Dv)
             z = phi_k.sum(dim=2)                                                          # (B,H,D)
             num = torch.matmul(phi_q, kv)
             den = (phi_q * z[:, :, None, :]).sum(-1, keepdim=True)
-        else:
-            # Prefix sums; queries are the last N of S positions (bottom-right alignment for cached decoding).
-            kv = torch.cumsum(phi_k[..., :, None] * value[..., None, :], dim=2)[:, :, s - n:]  # (B,H,N,D,Dv)
-            z = torch.cumsum(phi_k, dim=2)[:, :, s - n:]
-            num = torch.einsum("bhnd,bhnde->bhne", phi_q, kv)
-            den = (phi_q * z).sum(-1, keepdim=True)
-        return (num / den.clamp_min(tiny)).to(query.dtype)
-    # Prefix sums; queries are the last N of S positions (bottom-right alignment for cached decoding).
-    kv = torch.cumsum(phi_k[..., :, None] * value[..., None, :], dim=2)[:, :, s - n:]     # (B,H,N,D,Dv)
-    z = torch.cumsum(phi_k, dim=2)[:, :, s - n:]
-    num = torch.einsum("bhnd,bhnde->bhne", phi_q, kv)
-    den = (phi_q * z).sum(-1, keepdim=True)
-    return num / den.clamp_min(tiny)
+            return (num / _nonzero(den)).to(query.dtype)
+        return _causal_linear(phi_q, phi_k, value).to(query.dtype)
+
+
+# Chunk length of the causal linear attention. Each chunk's own keys take an explicit masked (C x C) product
+# (2 C D multiply-adds per query); earlier keys enter through one running (D x Dv) state per chunk.
+_MLK_CHUNK = 64
+
+
+def _causal_linear(phi_q, phi_k, value):
+    """Causal linear attention h_i = phi_q_i^T sum_{j <= p_i} phi_k_j v_j^T / phi_q_i^T sum_{j <= p_i} phi_k_j,
+    the N queries being the last N of the S positions (p_i = i + S - N: bottom-right alignment for cached
+    decoding), in chunks of _MLK_CHUNK positions. Prefix sums of phi_k v^T per position would hold N x D x Dv
+    numbers per head (gigabytes at N = 2048); here the keys of a query's own chunk come from a masked C x C
+    product and all earlier keys from the state sum_{j before the chunk} phi_k_j v_j^T, one (D, Dv) per chunk,
+    Causal linear attention as prefix sums: Katharopoulos et al., "Transformers are RNNs" (ICML 2020), Sec. 3.3;
+    the chunked evaluation: Hua et al., "Transformer Quality in Linear Time" (ICML 2022), mixed chunk attention."""
+    n, s = phi_q.shape[2], phi_k.shape[2]
+    c = max(1, min(_MLK_CHUNK, n))
+    if s < n:  # queries before position 0 see nothing: positions with no key (phi = 0) put in front
+        phi_k, value = (F.pad(t, (0, 0, n - s, 0)) for t in (phi_k, value))
+        s = n
+    past = s - n  # keys every query sees in full
+    kv0 = torch.matmul(phi_k[:, :, :past].transpose(-1, -2), value[:, :, :past])        # (B, H, D, Dv)
+    z0 = phi_k[:, :, :past].sum(2)                                                       # (B, H, D)
+    # the queries' own positions, padded at the end to whole chunks (later than every real query: unseen)
+    pad = -n % c
+    q, k, v = (F.pad(t[:, :, t.shape[2] - n:], (0, 0, 0, pad)).unflatten(2, (-1, c)) for t in (phi_q, phi_k, value))
+    kv = torch.matmul(k.transpose(-1, -2), v)                                            # (B, H, chunks, D, Dv)
+    z = k.sum(3)                                                                         # (B, H, chunks, D)
+    # state before each chunk: an exclusive prefix sum over chunks, starting from the past keys' sums
+    kv_state = torch.cat([kv0[:, :, None], kv[:, :, :-1]], 2).cumsum(2)
+    z_state = torch.cat([z0[:, :, None], z[:, :, :-1]], 2).cumsum(2)
+    own = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()                    # key j <= query i
+    scores = torch.matmul(q, k.transpose(-1, -2)).masked_fill(~own, 0.0)                 # (B, H, chunks, C, C)
+    num = torch.matmul(scores, v) + torch.matmul(q, kv_state)
+    den = scores.sum(-1, keepdim=True) + torch.matmul(q, z_state[..., None])
+    return (num / _nonzero(den)).flatten(2, 3)[:, :, :n]
