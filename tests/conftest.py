@@ -31,3 +31,18 @@ def roberta_padded_batch(b=3, n=10, pad_from=6, vocab_size=99):
     mask[-1, pad_from:] = 0
     ids[-1, pad_from:] = 1  # RoBERTa's pad id
     return ids, mask
+
+
+def left_padded(b=3, n=9, pad=(0, 3, 5), vocab_size=99, pad_id=0):
+    """Random ids for a decoder, row r left-padded with pad[r] pad tokens (mask 0)."""
+    ids = torch.randint(3, vocab_size, (b, n))
+    mask = torch.ones(b, n, dtype=torch.long)
+    for row, p in enumerate(pad[:b]):
+        mask[row, :p] = 0
+        ids[row, :p] = pad_id
+    return ids, mask
+
+
+def positions(mask):
+    """The position ids of a left-padded batch, as generate() derives them from the mask."""
+    return (mask.cumsum(-1) - 1).clamp_min(0)

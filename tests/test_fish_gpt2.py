@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
-from conftest import assert_close
+from conftest import assert_close, left_padded, positions
 from hf_mgk import FiSHGPT2Config, FiSHGPT2ForSequenceClassification, FiSHGPT2LMHeadModel, FiSHGPT2Model
 from hf_mgk.attention_fish import fish_cost
 from hf_mgk.hub import assert_same_outputs, run_without_package
@@ -19,19 +19,6 @@ TYPES = ["fish", "hard_fish", "gfish", "hard_gfish", "mish", "softmax"]
 
 def tiny(**kw):
     return FiSHGPT2Config(**{**TINY, **kw})
-
-
-def left_padded(b=3, n=9, pad=(0, 3, 5)):
-    ids = torch.randint(3, 99, (b, n))
-    mask = torch.ones(b, n, dtype=torch.long)
-    for row, p in enumerate(pad[:b]):
-        mask[row, :p] = 0
-        ids[row, :p] = 0
-    return ids, mask
-
-
-def positions(mask):
-    return (mask.cumsum(-1) - 1).clamp_min(0)
 
 
 @pytest.mark.parametrize("kw,field", [

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
-from conftest import assert_close
+from conftest import assert_close, left_padded, positions
 from hf_mgk import MGKGPT2Config, MGKGPT2ForSequenceClassification, MGKGPT2LMHeadModel, MGKGPT2Model
 
 TINY = dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
@@ -38,19 +38,6 @@ def make(variant, cls=MGKGPT2LMHeadModel, **kw):
             if hasattr(att, "key_shift"):
                 att.key_shift.normal_(std=0.3)
     return model
-
-
-def left_padded(b=3, n=9, pad=(0, 3, 5)):
-    ids = torch.randint(3, 99, (b, n))
-    mask = torch.ones(b, n, dtype=torch.long)
-    for row, p in enumerate(pad[:b]):
-        mask[row, :p] = 0
-        ids[row, :p] = 0
-    return ids, mask
-
-
-def positions(mask):
-    return (mask.cumsum(-1) - 1).clamp_min(0)
 
 
 # ---------------------------------------------------------------------------------------------- Eq. 7 written out
