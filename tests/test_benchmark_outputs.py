@@ -1,0 +1,204 @@
+"""scripts/benchmark.py's outputs: the rows behind every table, --csv, --markdown, --figures, --mode, --head-dims,
+the refusal to overwrite, the CUDA check, the headsize family's equal parameters and the paper formula per model.
+
+main() runs in this process with tiny models (every child call made here, through JSON as from a child). No timed
+assertion: the machine is shared and noisy; what is asserted is what can be computed from the printed numbers.
+"""
+
+import csv
+import importlib.util
+import json
+import pathlib
+
+import pytest
+import torch
+
+from hf_mgk import flops
+
+_PATH = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "benchmark.py"
+_spec = importlib.util.spec_from_file_location("hf_mgk_benchmark_script_outputs", _PATH)
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+TINY_BERT = dict(hidden_size=32, num_hidden_layers=1, intermediate_size=64, vocab_size=50,
+                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+LENGTHS, HEAD_DIMS, HEADS = (16, 32), (8, 16), 4
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    """Tiny BERT-sized builders and every child call made in this process; returns the calls made."""
+    for kind in ("bert", "mgk"):
+        entry = list(bench.BUILDERS[kind])
+        entry[3] = TINY_BERT
+        monkeypatch.setitem(bench.BUILDERS, kind, tuple(entry))
+    calls = []
+
+    def in_process(name, call_args):
+        calls.append((name, call_args))
+        return json.loads(json.dumps(bench.CHILD_FUNCTIONS[name](*call_args)))
+
+    monkeypatch.setattr(bench, "call_child", in_process)
+    threads = torch.get_num_threads()
+    yield calls
+    torch.set_num_threads(threads)
+
+
+def _main(monkeypatch, *argv):
+    monkeypatch.setattr("sys.argv", ["benchmark.py", *argv, "--threads", str(torch.get_num_threads())])
+    bench.main()
+
+
+@pytest.fixture
+def mgk_run(tiny, monkeypatch, tmp_path):
+    """One run of the mgk family: both modes, two head sizes, two lengths, every output file."""
+    out = tmp_path / "out"
+    argv = ["--family", "mgk", "--models-only", "--mode", "both", "--heads", str(HEADS), "--repeats", "1",
+            "--lengths", *map(str, LENGTHS), "--head-dims", *map(str, HEAD_DIMS),
+            "--csv", str(out / "r.csv"), "--markdown", str(out / "r.md"), "--figures", str(out / "figs")]
+    out.mkdir()
+    _main(monkeypatch, *argv)
+    with open(out / "r.csv") as f:
+        rows = list(csv.DictReader(f))
+    return out, rows, tiny
+
+
+def test_csv_has_one_row_per_measurement(mgk_run):
+    out, rows, calls = mgk_run
+    with open(out / "r.csv") as f:
+        assert next(csv.reader(f)) == bench.CSV_COLUMNS
+    cases = 4  # BERT, MGK soft, sMGK soft, MGK hard
+    assert len(rows) == 2 * len(HEAD_DIMS) * len(LENGTHS) * cases == len(calls)
+    assert {r["mode"] for r in rows} == {"train", "forward"} and {r["device"] for r in rows} == {"cpu"}
+    assert {(int(r["hidden"]), int(r["head_dim"])) for r in rows} == {(HEADS * d, d) for d in HEAD_DIMS}
+    assert all(r["error"] == "" for r in rows)
+
+
+def test_ratios_and_tokens_per_second_follow_from_the_times(mgk_run):
+    _, rows, _ = mgk_run
+    for r in rows:
+        group = [b for b in rows if (b["mode"], b["length"], b["hidden"]) == (r["mode"], r["length"], r["hidden"])]
+        base = next(b for b in group if b["baseline"] == "True")
+        assert base["case"] == f"BERT, {HEADS} heads (SDPA)"
+        ms = float(r["ms"])
+        assert float(r["ratio_vs_baseline"]) == pytest.approx(ms / float(base["ms"]))
+        assert float(r["tokens_per_s"]) == pytest.approx(int(r["batch"]) * int(r["length"]) / (ms / 1000))
+        for counted, ratio in [("flops_counted", "flop_ratio_counted"),
+                               ("flops_attention_counted", "flop_ratio_attention_counted")]:
+            assert float(r[ratio]) == pytest.approx(int(r[counted]) / int(base[counted]))
+        assert float(r["params_ratio"]) == pytest.approx(int(r["params"]) / int(base["params"]))
+
+
+def test_formula_columns_are_app_b(mgk_run):
+    """flops_formula: App. B for the layer x layers x batch (MGK with M = 2 keys, H/2 heads; sMGK: none), and its
+    ratio the formula's; the BERT rows' counted attention is the formula plus one addition per product entry
+    (tests/test_flops.py's relation), in both modes (SDPA counted by PyTorch's formula)."""
+    _, rows, _ = mgk_run
+    for r in rows:
+        n, dx, h, d = (int(r[k]) for k in ("length", "hidden", "heads", "head_dim"))
+        if "sMGK" in r["case"]:
+            assert r["flops_formula"] == r["flop_ratio_formula"] == "" and r["formula"].startswith("no formula")
+            continue
+        keys = 1 if r["case"].startswith("BERT") else 2
+        assert int(r["flops_formula"]) == TINY_BERT["num_hidden_layers"] * flops.mgk_attention_flops(n, dx, h, d, keys)
+        assert float(r["flop_ratio_formula"]) == pytest.approx(
+            flops.mgk_attention_flops(n, dx, h, d, keys) / flops.mgk_attention_flops(n, dx, HEADS, d))
+        if keys == 1:
+            entries = 3 * n * h * d + n * n * h + n * h * d + n * dx
+            assert int(r["flops_attention_counted"]) == int(r["flops_formula"]) + entries
+    forward = [r for r in rows if r["mode"] == "forward"]
+    train = {(r["case"], r["length"], r["hidden"]): r for r in rows if r["mode"] == "train"}
+    for r in forward:  # a forward step counts the forward only; training about 3x that
+        t = train[(r["case"], r["length"], r["hidden"])]
+        assert t["flops_attention_counted"] == r["flops_attention_counted"]
+        assert 2.5 < int(t["flops_counted"]) / int(r["flops_counted"]) < 3.5
+
+
+def test_markdown_summary_has_every_model_against_its_baseline(mgk_run):
+    out, rows, _ = mgk_run
+    text = (out / "r.md").read_text()
+    assert text.startswith("Command: `python scripts/benchmark.py --family mgk --models-only --mode both")
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    for column in ("model", "baseline", "time x baseline", "FLOPs x, counted (step)", "FLOPs x, paper formula"):
+        assert column in header
+    body = [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:]]
+    models = [r for r in rows if r["baseline"] == "False"]
+    assert len(body) == len(models)
+    for cells, r in zip(body, models):
+        assert (cells["model"], cells["mode"], int(cells["N"])) == (r["case"], r["mode"], int(r["length"]))
+        assert float(cells["time x baseline"]) == pytest.approx(float(r["ratio_vs_baseline"]), abs=0.005)
+        ratio = r["flop_ratio_formula"]
+        assert cells["FLOPs x, paper formula"] == ("-" if ratio == "" else f"{float(ratio):.2f}")
+
+
+def test_figures_are_written(mgk_run):
+    out, _, _ = mgk_run
+    names = sorted(p.name for p in (out / "figs").iterdir())
+    assert names == sorted(f"mgk-{mode}-ratio-vs-{x}.png" for mode in ("train", "forward")
+                           for x in ("length", "head-size"))
+    for name in names:
+        assert (out / "figs" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("which", ["csv", "markdown", "figure"])
+def test_refuses_to_overwrite(which, tiny, monkeypatch, tmp_path, capsys):
+    figs = tmp_path / "figs"
+    figs.mkdir()
+    target = {"csv": tmp_path / "r.csv", "markdown": tmp_path / "r.md",
+              "figure": figs / "headsize-forward-ratio-vs-length.png"}[which]
+    target.write_text("saved by the user")
+    argv = ["--family", "headsize", "--mode", "forward", "--lengths", "16", "--repeats", "1",
+            "--csv", str(tmp_path / "r.csv"), "--markdown", str(tmp_path / "r.md"), "--figures", str(figs)]
+    with pytest.raises(SystemExit):
+        _main(monkeypatch, *argv)
+    assert f"{target} already exist(s); pass --overwrite" in capsys.readouterr().err
+    assert target.read_text() == "saved by the user" and tiny == []  # refused before measuring anything
+    _main(monkeypatch, *argv, "--overwrite")
+    assert target.read_bytes() != b"saved by the user" and len(tiny) == 4
+
+
+def test_cuda_asked_but_unavailable(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        _main(monkeypatch, "--family", "mgk", "--device", "cuda")
+    assert "--device cuda: CUDA is not available here" in capsys.readouterr().err
+
+
+def test_headsize_family_has_equal_parameters(tiny, monkeypatch, capsys):
+    """Fixed head sizes 128 and 32 against BERT's d/H = 64 at the benchmark's own width: H D = d each, so the
+    models have the same parameters, printed and equal; the head sizes and counts differ as named."""
+    monkeypatch.setitem(bench.BUILDERS, "bert", bench.Builder(*list(bench.BUILDERS["bert"])[:3], bench.BERT_SIZE,
+                                                               *list(bench.BUILDERS["bert"])[4:]))
+    monkeypatch.setitem(bench.BUILDERS, "mgk", bench.Builder(*list(bench.BUILDERS["mgk"])[:3], bench.BERT_SIZE,
+                                                              *list(bench.BUILDERS["mgk"])[4:]))
+    spec = bench.headsize_cases(bench.argparse.Namespace(lengths=None))
+    shapes = {}
+    for case, (kind, overrides) in spec["cases"].items():
+        config = bench.make_config(kind, overrides, 128)
+        d = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        shapes[case] = (config.num_attention_heads, d, sum(p.numel() for p in bench.build(kind, overrides, 128)
+                                                          .parameters()))
+    assert sorted((h, d) for h, d, _ in shapes.values()) == [(4, 128), (8, 64), (8, 64), (16, 32)]
+    assert len({n for _, _, n in shapes.values()}) == 1
+    bench.print_equal_params("t", spec, {(case, 128): {"params": n} for case, (_, _, n) in shapes.items()})
+    assert capsys.readouterr().out.rstrip().endswith("-- all equal")
+
+
+@pytest.mark.parametrize("kind, overrides, expected", [
+    ("gpt2", {"n_head": 4}, lambda c, n: flops.fish_cost(32, 4, 1, 8, n)["mha_flops"]),
+    ("fish_gpt2", {"n_head": 4, "num_global_heads": 2, "attention_type": "hard_fish"},
+     lambda c, n: flops.fish_cost(32, 4, 2, 8, n, variant="hard_fish")["fish_flops"]),
+    ("roberta", {"num_attention_heads": 4}, lambda c, n: flops.mgk_attention_flops(n, 32, 4, 8)),
+    ("nprf_roberta", {"num_attention_heads": 4, "num_random_features": 8},
+     lambda c, n: flops.nprf_attention_flops(n, 32, 4, 8, 8)),
+    ("longformer", {"num_attention_heads": 4}, None),
+])
+def test_paper_formula_for_every_model_kind(kind, overrides, expected):
+    size = {"n_embd": 32, "n_layer": 2} if "gpt2" in kind else {"hidden_size": 32, "num_hidden_layers": 2}
+    config = bench.make_config(kind, {**size, **overrides}, 24)
+    value, scope = bench.paper_flops(kind, config, 24, 3)
+    if expected is None:
+        assert value is None and scope.startswith("no formula")
+    else:
+        assert value == 2 * 3 * expected(config, 24)
