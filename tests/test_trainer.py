@@ -14,7 +14,7 @@ from trainer_check import train_once
 HERE = os.path.dirname(__file__)
 
 
-@pytest.mark.parametrize("task", ["mlm", "cls", "clm"])
+@pytest.mark.parametrize("task", ["mlm", "cls", "clm", "clm-mgk"])
 def test_gradient_accumulation_matches_the_whole_batch(task, tmp_path):
     loss_full, params_full = train_once(task, per_device_batch=4, accumulation=1, output_dir=str(tmp_path / "a"))
     loss_acc, params_acc = train_once(task, per_device_batch=2, accumulation=2, output_dir=str(tmp_path / "b"))
@@ -25,7 +25,7 @@ def test_gradient_accumulation_matches_the_whole_batch(task, tmp_path):
     assert_close(params_acc1, params_full, rtol=1e-5)
 
 
-@pytest.mark.parametrize("task", ["mlm", "clm"])
+@pytest.mark.parametrize("task", ["mlm", "clm", "clm-mgk"])
 def test_trainer_loss_is_the_mean_over_the_predicted_tokens(task, tmp_path):
     """Trainer divides the summed loss by its own count of label tokens: for a causal LM that count must be over
     the shifted labels (transformers checks `model.loss_type`), else the loss is scaled by (N - 1) / N."""

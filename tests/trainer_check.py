@@ -30,7 +30,7 @@ class FixedBatch(Dataset):
                 labels = torch.full((N_TOKENS,), -100)
                 labels[:n_masked] = ids[:n_masked]
                 item["labels"] = labels
-            elif task == "clm":  # a causal LM scores n_masked + 1 positions (labels shift inside the model)
+            elif task.startswith("clm"):  # a causal LM scores n_masked + 1 positions (labels shift inside the model)
                 labels = ids.clone()
                 labels[n_masked + 2:] = -100
                 item["labels"] = labels
@@ -51,6 +51,10 @@ def build_model(task):
         return hf_mgk.FiSHGPT2LMHeadModel(hf_mgk.FiSHGPT2Config(
             vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
             attn_pdrop=0.0, attention_type="hard_fish", num_global_heads=2))
+    if task == "clm-mgk":  # MGK-GPT2 with a learned prior (the EM prior would change between micro-batches)
+        return hf_mgk.MGKGPT2LMHeadModel(hf_mgk.MGKGPT2Config(
+            vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
+            attn_pdrop=0.0, attention_type="mgk", num_keys=2))
     cfg = hf_mgk.MGKBertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                intermediate_size=37, max_position_embeddings=64, hidden_dropout_prob=0.0,
                                attention_probs_dropout_prob=0.0, num_labels=3)
@@ -72,7 +76,7 @@ def train_once(task, per_device_batch, accumulation, output_dir):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--task", default="mlm")
+    parser.add_argument("--task", default="mlm", choices=["mlm", "cls", "clm", "clm-mgk"])
     parser.add_argument("--batch", type=int, required=True)
     parser.add_argument("--accumulation", type=int, required=True)
     parser.add_argument("--out", required=True)

@@ -31,7 +31,8 @@ PIPELINES = {
     "AutoModelForQuestionAnswering": ("question-answering", "Extractive question answering"),
     "AutoModel": ("feature-extraction", "Feature extraction"),
 }
-FAMILY_TITLES = {"mgk-bert": "MGK-BERT", "fish-gpt2": "FiSH-GPT2", "nprf-roberta": "NPRF-RoBERTa"}
+FAMILY_TITLES = {"mgk-bert": "MGK-BERT", "fish-gpt2": "FiSH-GPT2", "mgk-gpt2": "MGK-GPT2",
+                 "nprf-roberta": "NPRF-RoBERTa"}
 ATTENTION_FIELDS = ("attention_type", "num_keys", "e_step", "mgk_prior", "mgk_variances", "num_global_heads",
                     "fish_noise_init", "normalize_qk", "use_rpe", "num_random_features", "rpe_num_buckets",
                     "use_absolute_positions", "head_dim")

@@ -31,8 +31,11 @@ logger = logging.getLogger("hf_mgk.training")
 
 RUN_FILE = "hf_mgk_run.json"
 
-# A stock checkpoint's model_type -> the hf-mgk family that warm-starts from it.
-STOCK_FAMILY = {"bert": "mgk-bert", "gpt2": "fish-gpt2", "roberta": "nprf-roberta"}
+# A stock checkpoint's model_type -> the hf-mgk families that warm-start from it, the default first.
+STOCK_FAMILIES = {"bert": ("mgk-bert",), "gpt2": ("fish-gpt2", "mgk-gpt2"), "roberta": ("nprf-roberta",)}
+# The attention types that name one family of a stock checkpoint's several ("softmax" is every family's).
+FAMILY_OF_ATTENTION = {**dict.fromkeys(("mgk", "smgk", "mlk", "smlk"), "mgk-gpt2"),
+                       **dict.fromkeys(("fish", "hard_fish", "gfish", "hard_gfish", "mish"), "fish-gpt2")}
 
 # family -> task -> class name in hf_mgk. Tasks: mlm, clm, seq-cls, qa.
 FAMILY_CLASSES = {
@@ -40,11 +43,16 @@ FAMILY_CLASSES = {
                  "qa": "MGKBertForQuestionAnswering", "base": "MGKBertModel"},
     "fish-gpt2": {"clm": "FiSHGPT2LMHeadModel", "seq-cls": "FiSHGPT2ForSequenceClassification",
                   "base": "FiSHGPT2Model"},
+    "mgk-gpt2": {"clm": "MGKGPT2LMHeadModel", "seq-cls": "MGKGPT2ForSequenceClassification",
+                 "base": "MGKGPT2Model"},
     "nprf-roberta": {"mlm": "NPRFRobertaForMaskedLM", "clm": "NPRFRobertaForCausalLM",
                      "seq-cls": "NPRFRobertaForSequenceClassification", "qa": "NPRFRobertaForQuestionAnswering",
                      "base": "NPRFRobertaModel"},
 }
-FAMILY_CONFIGS = {"mgk-bert": "MGKBertConfig", "fish-gpt2": "FiSHGPT2Config", "nprf-roberta": "NPRFRobertaConfig"}
+FAMILY_CONFIGS = {"mgk-bert": "MGKBertConfig", "fish-gpt2": "FiSHGPT2Config", "mgk-gpt2": "MGKGPT2Config",
+                  "nprf-roberta": "NPRFRobertaConfig"}
+# The families whose models read text left to right (GPT-2's stack): their classifiers read the last real token.
+DECODER_FAMILIES = ("fish-gpt2", "mgk-gpt2")
 TASK_NAMES = {"mlm": "masked language modeling", "clm": "causal language modeling",
               "seq-cls": "sequence classification", "qa": "extractive question answering"}
 
@@ -55,9 +63,16 @@ class ModelArguments:
 
     model_name_or_path: Optional[str] = field(default=None, metadata={"help": (
         "A checkpoint folder or Hub name. A stock BERT / GPT-2 / RoBERTa checkpoint warm-starts MGK-BERT / "
-        "FiSH-GPT2 / NPRF-RoBERTa (choose the attention with --attention_overrides); a saved hf-mgk folder "
-        "(or a checkpoint-* folder) continues from its weights. Leave unset to train from scratch with "
-        "--model_type.")})
+        "FiSH-GPT2 or MGK-GPT2 (see --family) / NPRF-RoBERTa (choose the attention with --attention_overrides); a "
+        "saved hf-mgk folder (or a checkpoint-* folder) continues from its weights. Leave unset to train from "
+        "scratch with --model_type.")})
+    family: Optional[str] = field(default=None, metadata={"help": (
+        "Only with --model_name_or_path: the hf-mgk family a stock checkpoint warm-starts, for a GPT-2 one "
+        "fish-gpt2 or mgk-gpt2. Default: the family of --attention_overrides' attention_type when only one family "
+        "has it (mgk/smgk/mlk/smlk: mgk-gpt2; fish/hard_fish/gfish/hard_gfish/mish: fish-gpt2), else the "
+        "checkpoint's first family (gpt2: fish-gpt2; bert: mgk-bert; roberta: nprf-roberta). An hf-mgk folder "
+        "is of its own family: a different --family is an error."),
+        "choices": sorted(FAMILY_CONFIGS)})
     model_type: Optional[str] = field(default=None, metadata={
         "help": "Train from scratch: the family to build (with --config_overrides and --tokenizer_name).",
         "choices": sorted(FAMILY_CONFIGS)})
@@ -100,6 +115,9 @@ class ModelArguments:
         if self.model_name_or_path is None and self.model_type is None and self.config_name is None:
             raise ValueError("give --model_name_or_path (a checkpoint to start from) or --model_type (a new model, "
                              f"one of {', '.join(sorted(FAMILY_CONFIGS))})")
+        if self.family is not None and self.model_name_or_path is None:
+            raise ValueError("--family goes only with --model_name_or_path (the family a stock checkpoint "
+                             "warm-starts); for a new model use --model_type")
         self.keep_heads_list = _parse_heads(self.keep_heads)
         if self.keep_heads_list is not None and self.model_name_or_path is None:
             raise ValueError("--keep_heads goes only with --model_name_or_path (heads of a checkpoint to keep)")
@@ -192,7 +210,8 @@ def setup_logging(training_args):
 
 def parse_overrides(text, config_class, option):
     """'a=1,b=[1,3],c=mgk' -> {'a': 1, 'b': [1, 3], 'c': 'mgk'}: values as JSON (bare words are strings, None /
-    True / False as Python spells them too), keys checked against the config's fields."""
+    True / False as Python spells them too), keys checked against the config's fields (config_class None: not
+    checked)."""
     if not text:
         return {}
     parts, depth, current = [], 0, ""
@@ -204,14 +223,15 @@ def parse_overrides(text, config_class, option):
         else:
             current += ch
     parts.append(current)
-    known = {f.name for f in dataclasses.fields(config_class)} | set(vars(config_class()).keys())
+    known = None if config_class is None else (
+        {f.name for f in dataclasses.fields(config_class)} | set(vars(config_class()).keys()))
     out = {}
     for part in parts:
         key, sep, raw = part.partition("=")
         key, raw = key.strip(), raw.strip()
         if not sep or not key:
             raise ValueError(f"{option}: expected key=value pairs separated by commas; got {part!r} in {text!r}")
-        if key not in known:
+        if known is not None and key not in known:
             raise ValueError(f"{option}: {config_class.__name__} has no field {key!r}")
         literal = {"None": None, "True": True, "False": False}
         try:
@@ -250,20 +270,47 @@ def checkpoint_config(model_args):
 
 
 def family_of(model_args):
-    """The hf-mgk family a run builds: from the checkpoint's model_type (stock or hf-mgk), else --model_type."""
+    """The hf-mgk family a run builds: an hf-mgk checkpoint's own, the one a stock checkpoint warm-starts (see
+    `stock_family`), else --model_type."""
     config_dict = checkpoint_config(model_args)
     if config_dict is None:
         return model_args.model_type
     model_type = config_dict.get("model_type")
-    family = STOCK_FAMILY.get(model_type, model_type)
-    if family not in FAMILY_CONFIGS:
+    source = model_args.model_name_or_path or model_args.config_name
+    if model_type in STOCK_FAMILIES:
+        family = stock_family(model_type, model_args)
+    elif model_type in FAMILY_CONFIGS:
+        family = model_type
+        if model_args.family is not None and model_args.family != family:
+            raise ValueError(f"--family {model_args.family} contradicts {source}, a saved {family} model; an hf-mgk "
+                             "checkpoint continues as its own family (leave --family out)")
+    else:
         raise ValueError(
-            f"{model_args.model_name_or_path or model_args.config_name} is a {model_type!r} checkpoint; hf-mgk "
-            f"warm-starts from {', '.join(sorted(STOCK_FAMILY))} checkpoints and continues "
-            f"{', '.join(sorted(FAMILY_CONFIGS))} ones")
+            f"{source} is a {model_type!r} checkpoint; hf-mgk warm-starts from {', '.join(sorted(STOCK_FAMILIES))} "
+            f"checkpoints and continues {', '.join(sorted(FAMILY_CONFIGS))} ones")
     if model_args.model_type is not None and model_args.model_type != family:
         raise ValueError(f"--model_type {model_args.model_type} does not match the checkpoint, which gives {family}")
     return family
+
+
+def stock_family(model_type, model_args):
+    """The family a stock `model_type` checkpoint warm-starts: --family, else the only family of the
+    --attention_overrides' attention_type among the checkpoint's, else the checkpoint's default."""
+    families = STOCK_FAMILIES[model_type]
+    if model_args.family is not None:
+        if model_args.family not in families:
+            raise ValueError(f"--family {model_args.family} cannot warm-start from a stock {model_type!r} checkpoint "
+                             f"({model_args.model_name_or_path}); a {model_type!r} checkpoint warm-starts "
+                             f"{' or '.join(families)}")
+        return model_args.family
+    attention = parse_overrides(model_args.attention_overrides, None, "--attention_overrides").get("attention_type")
+    inferred = FAMILY_OF_ATTENTION.get(attention)
+    if inferred in families:
+        return inferred
+    if len(families) > 1:
+        logger.info("a stock %s checkpoint warm-starts %s (the default; --family chooses among %s)", model_type,
+                    families[0], ", ".join(families))
+    return families[0]
 
 
 def model_class(family, task):
@@ -397,6 +444,8 @@ def run_identity(script, model_args, data_args, **extra):
     data_fields = ("dataset_name", "dataset_config_name", "train_file", "validation_file")
     identity = {"script": script, **{k: getattr(model_args, k) for k in fields},
                 **{k: getattr(data_args, k, None) for k in data_fields}, **extra}
+    if model_args.family is not None:  # only when given: runs recorded before --family existed stay the same run
+        identity["family"] = model_args.family
     for key in ("train_file", "validation_file"):
         if identity[key] is not None:
             identity[key] = os.path.abspath(identity[key])
