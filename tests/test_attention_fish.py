@@ -89,7 +89,7 @@ RECOMPUTED = af._recomputed_attention
 
 
 def af_fused_instead(query, key, value, p, scale, noise_std, eps, attention_mask, is_causal):
-    if noise_std is not None:  # the fused call has no noise: FiSH keeps its own path
+    if noise_std is not None or isinstance(p, nn.Module):  # the fused call: linear mixing, no noise
         return RECOMPUTED(query, key, value, p, scale, noise_std, eps, attention_mask, is_causal)
     return af._fused_attention(query, key, value, p, scale, attention_mask, is_causal)
 
@@ -103,8 +103,8 @@ def af_blocked_instead(query, key, value, p, scale, noise_std, eps, attention_ma
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("pad", [False, True])
 @pytest.mark.parametrize("variant,path", [(v, p) for p in ("default", "blocks") for v in VARIANTS]
-                         + [(v, "recompute") for v in ("hard_fish", "fish", "mish_noise")]
-                         + [("hard_fish", "fused"), ("hard_fish", "autograd"), ("fish", "autograd")],
+                         + [(v, "recompute") for v in ("hard_fish", "fish", "mish_noise", "hard_gfish", "gfish")]
+                         + [("hard_fish", "fused")] + [(v, "autograd") for v in ("hard_fish", "fish", "gfish")],
                          indirect=["path"])  # fused: linear, no noise
 def test_fast_path_matches_reference(variant, pad, causal, N, S, path):
     args, kwargs, leaves = make_case(variant, N=N, S=S, pad=pad)
@@ -272,13 +272,13 @@ def _fish_node(out):
     raise AssertionError("no _RecomputedFiSH in the graph")
 
 
-@pytest.mark.parametrize("variant", ["hard_fish", "fish", "mish_noise"])
+@pytest.mark.parametrize("variant", ["hard_fish", "fish", "mish_noise", "hard_gfish", "gfish"])
 @pytest.mark.parametrize("budget", [0, 2**28])
 def test_training_memory_for_backward(variant, budget, monkeypatch):
-    """CPU training of FiSH / hard FiSH / MiSH with noise: nothing of size N x S goes through autograd's saved
-    tensors; over the keep budget the blocks' scores and weights are not kept either (recomputed in backward);
-    under it they are kept for the keys each block sees. Causal noise is drawn only for the keys a block of rows
-    may see: about half the N x N pairs."""
+    """CPU training of FiSH / hard FiSH / MiSH with noise / (hard) GFiSH: nothing of size N x S goes through
+    autograd's saved tensors; over the keep budget the blocks' scores and weights are not kept either (recomputed
+    in backward); under it they are kept for the keys each block sees (GFiSH: also its hidden layer). Causal noise
+    is drawn only for the keys a block of rows may see: about half the N x N pairs."""
     N, rows = 64, 16
     monkeypatch.setattr(af, "_BLOCK_ROWS", rows)
     monkeypatch.setattr(af, "_KEEP_BYTES", budget)
@@ -293,11 +293,13 @@ def test_training_memory_for_backward(variant, budget, monkeypatch):
         assert kept == []
     else:
         assert sum(w.numel() for _, w in kept) == B * H * seen
-        assert sum(g.numel() for g, _ in kept) == B * M * seen
-    if variant == "hard_fish":
+        assert sum(sum(t.numel() for t in saved) for saved, _ in kept) == B * (
+            M + H if variant.endswith("gfish") else M) * seen
+    if variant.startswith("hard"):
         assert eps is None
     else:
-        assert [e.shape for e in eps] == [(B, H, rows, (i + 1) * rows) for i in range(N // rows)]
+        noise_heads = M if variant == "gfish" else H
+        assert [e.shape for e in eps] == [(B, noise_heads, rows, (i + 1) * rows) for i in range(N // rows)]
     out.sum().backward()
     assert all(t.grad is not None for t in leaves)
 
@@ -467,3 +469,26 @@ def test_fish_cost_matches_a_direct_count(variant):
             g = g + noise_values
         layer["mix"](g.permute(1, 2, 0))  # (N, N, M) -> (N, N, H), MiSH (N, N, 1)
     assert cost["fish_flops"] == counter.ops
+
+
+def test_path_rule_in_training(monkeypatch):
+    """CPU training: the hand-written backward for linear mixing with H columns, MiSH with noise and the GFiSH
+    network of make_gfish_mixing; autograd through the materialised blocks for MiSH without noise (one shared
+    softmax), any other mixing network, dropout."""
+    calls = []
+    for name in ("_fused_attention", "_recomputed_attention", "_blocked_attention"):
+        fn = getattr(af, name)
+        monkeypatch.setattr(af, name, lambda *a, _n=name, _f=fn: calls.append(_n) or _f(*a))
+    expected = {"fish": "_recomputed_attention", "mish_noise": "_recomputed_attention", "gfish":
+                "_recomputed_attention", "hard_gfish": "_recomputed_attention", "mish": "_blocked_attention"}
+    for variant, path in expected.items():
+        args, kwargs, leaves = make_case(variant)
+        calls.clear()
+        run(fish_attention, args, kwargs, leaves)
+        assert calls == [path], variant
+    args, kwargs, leaves = make_case("hard_gfish")
+    other = nn.Sequential(nn.Linear(M, H), nn.Tanh(), nn.Linear(H, H))
+    calls.clear()
+    fish_attention(*args[:3], other).sum().backward()
+    fish_attention(*args, dropout_p=0.1).sum().backward()
+    assert calls == ["_blocked_attention"] * 2

@@ -92,8 +92,10 @@ def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, att
         return _fused_attention(query, key, value, mixing, scale, attention_mask, is_causal)
     eps = _draw_noise(query, mixing, noise_std, H, S, is_causal, generator)
     # MiSH without noise stays on the materialised path: there all H heads share one softmax, computed once.
-    if linear and (mixing.shape[1] > 1 or noise_std is not None) and training and query.dtype in (
-            torch.float32, torch.float64) and not torch.is_autocast_enabled(query.device.type):
+    by_hand = (linear and (mixing.shape[1] > 1 or noise_std is not None)) or (
+        _is_gfish_network(mixing) and dropout_p == 0.0 and not return_weights)
+    if by_hand and training and query.dtype in (torch.float32, torch.float64) and not torch.is_autocast_enabled(
+            query.device.type):
         return _recomputed_attention(query, key, value, mixing, scale, noise_std, eps, attention_mask, is_causal)
     out, weights = _blocked_attention(query, key, value, mixing, scale, noise_std, eps, attention_mask,
                                       is_causal, dropout_p, return_weights)
@@ -172,30 +174,41 @@ def _blocked_attention(query, key, value, mixing, scale, noise_std, eps, attenti
     return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)), None
 
 
-def _recomputed_attention(query, key, value, p, scale, noise_std, eps, attention_mask, is_causal):
-    """Linear mixing with autograd (FiSH, hard FiSH; MiSH with noise): blocks of rows, hand-written backward.
+def _recomputed_attention(query, key, value, mixing, scale, noise_std, eps, attention_mask, is_causal):
+    """Training with autograd on the CPU (FiSH, hard FiSH, MiSH with noise, (hard) GFiSH with the network of
+    make_gfish_mixing): blocks of rows with a hand-written backward.
 
     Per block only the keys the block may see are used (causal: about half the pairs), and only the block's
-    diagonal tile is masked when causality is the only mask. Backward needs each block's global scores g and
-    softmax weights w: they are kept from the forward while they take at most _KEEP_BYTES per call (measured
-    at N = 2048, 8 + 2 heads: 20-25% faster than recomputing them), else recomputed per block like flash
-    attention (one M-head product and the mixing, the cheap part of FiSH), so memory stays O(N) at any length.
-    Measured against autograd through _blocked_attention it also avoids the per-block zero-filled full-size
-    gradients of the K and V slices: far fewer memory passes and small ops, what decides the speed on a CPU.
+    diagonal tile is masked when causality is the only mask. Backward needs each block's global scores (the
+    network's input and hidden layer for GFiSH) and softmax weights: they are kept from the forward while they
+    take at most _KEEP_BYTES per call (measured at N = 1024, 8 + 2 heads, one thread: 0.77-0.84x SDPA's time
+    against 1.08x recomputing them), else recomputed per block like flash attention, so memory stays O(N) at any
+    length. Against autograd through _blocked_attention it also avoids the per-block zero-filled full-size
+    gradients of the K and V slices and keeps fewer score-sized tensors: far fewer memory passes.
     """
     B, M, N, _ = query.shape
-    S = key.shape[2]
+    S, H = key.shape[2], value.shape[1]
     tile_only = is_causal and attention_mask is None and N <= S  # causality alone: masks in the diagonal tiles
     hidden, empty = (None, None) if tile_only else _hidden(N, S, attention_mask, is_causal, query.device)
-    std = None
-    if noise_std is not None:  # the std of sum_k p_kj sigma_k eps_jk, as in _materialised
-        std = torch.linalg.vector_norm(p * noise_std.to(query.dtype)[:, None], dim=0)
-    H = value.shape[1]
+    if isinstance(mixing, nn.Module):  # Linear(M, H) -> ReLU -> Linear(H, H); noise on its input
+        params = tuple(t.to(query.dtype) for t in (mixing[0].weight, mixing[0].bias, mixing[2].weight,
+                                                   mixing[2].bias))
+        std, kept_heads = noise_std, M + 2 * H
+    else:
+        params, kept_heads = (mixing.to(query.dtype),), M + H
+        std = None
+        if noise_std is not None:  # the std of sum_k p_kj sigma_k eps_jk, as in _materialised
+            std = torch.linalg.vector_norm(mixing * noise_std.to(query.dtype)[:, None], dim=0)
     pairs = sum((rows.stop - rows.start) * end for rows, end in _row_blocks(N, S, is_causal))
-    keep = B * (H + M) * pairs * query.element_size() <= _KEEP_BYTES
-    out = _RecomputedFiSH.apply(query * scale, key, value, p.to(query.dtype), std, eps, hidden, is_causal,
-                                tile_only, keep)
+    keep = B * kept_heads * pairs * query.element_size() <= _KEEP_BYTES
+    out = _RecomputedFiSH.apply(query * scale, key, value, std, eps, hidden, is_causal, tile_only, keep, *params)
     return out if empty is None else out.masked_fill(empty, 0.0)
+
+
+def _is_gfish_network(mixing):
+    """Whether mixing is the network of make_gfish_mixing (the one _RecomputedFiSH differentiates by hand)."""
+    return (isinstance(mixing, nn.Sequential) and len(mixing) == 3 and type(mixing[1]) is nn.ReLU
+            and all(type(m) is nn.Linear and m.bias is not None for m in (mixing[0], mixing[2])))
 
 
 def _mix(p, g, out=None):
@@ -247,79 +260,111 @@ def _block_hidden(hidden, tile_only, rows, end, N, S, like):
     return tile, lo
 
 
-def _block_weights(q, k, p, std, eps, hidden, lo, scratch, out):
-    """One block of rows: the global scores g (B, M, n, e) and the local softmax weights (B, H, n, e); with a
-    one-column p (MiSH) the mixed matrix is computed once and the noise makes the H heads' matrices. g and the
-    weights go to out(name, shape, like) (_Scratch or _fresh), the mixed scores to scratch."""
-    B, _, n, _ = q.shape
-    e, H = k.shape[2], p.shape[1] if eps is None else eps.shape[1]
-    g = torch.matmul(q, k.transpose(-1, -2), out=out("g", (B, q.shape[1], n, e), q))
-    a = _mix(p, g, out=scratch("a", (B, p.shape[1], n, e), q))
-    if std is not None:
-        a = a.addcmul_(std[:, None, None], eps) if a.shape[1] == H else torch.addcmul(
-            a, std[:, None, None], eps, out=scratch("noisy", (B, H, n, e), q))
+def _block_weights(q, k, params, std, eps, hidden, lo, scratch, out):
+    """One block of rows: what backward needs (saved) and the local softmax weights (B, H, n, e).
+
+    Linear mixing, params (p,): saved = (g,), the global scores (B, M, n, e); with a one-column p (MiSH) the mixed
+    matrix is computed once and the noise makes the H heads' matrices. Network, params (W1, b1, W2, b2): saved =
+    (x, r), the network's input x = g + sigma eps (B, M, n, e) and hidden layer r = ReLU(W1 x + b1) (B, H, n, e).
+    Kept tensors go to out(name, shape, like) (_Scratch or _fresh), temporaries to scratch."""
+    B, M, n, _ = q.shape
+    e = k.shape[2]
+    g = torch.matmul(q, k.transpose(-1, -2), out=out("g", (B, M, n, e), q))
+    if len(params) == 1:
+        p = params[0]
+        H = p.shape[1] if eps is None else eps.shape[1]
+        saved = (g,)
+        a = _mix(p, g, out=scratch("a", (B, p.shape[1], n, e), q))
+        if std is not None:
+            a = a.addcmul_(std[:, None, None], eps) if a.shape[1] == H else torch.addcmul(
+                a, std[:, None, None], eps, out=scratch("noisy", (B, H, n, e), q))
+    else:
+        w1, b1, w2, b2 = params
+        x = g if std is None else g.addcmul_(std[:, None, None], eps)
+        r = _mix(w1.t(), x, out=out("r", (B, w1.shape[0], n, e), q)).add_(b1[:, None, None]).relu_()
+        a = _mix(w2.t(), r, out=scratch("a", r.shape, q)).add_(b2[:, None, None])
+        saved = (x, r)
     if hidden is not None and hidden.dtype == torch.bool:
         a[..., lo:].masked_fill_(hidden, torch.finfo(a.dtype).min)
     elif hidden is not None:
         a[..., lo:].add_(hidden)
-    return g, torch._softmax(a, -1, False, out=out("w", a.shape, q))
+    return saved, torch._softmax(a, -1, False, out=out("w", a.shape, q))
+
+
+def _mixing_backward(params, saved, da, std, eps, grads, scratch):
+    """Backward of one block's mixing: accumulates the parameter gradients (and sigma's, last) into grads and
+    returns d g (B, M, n, e). da (B, H, n, e) is the gradient of the mixed scores (overwritten)."""
+    sum_heads = lambda t, u: torch.matmul(t.flatten(2), u.flatten(2).transpose(-1, -2)).sum(0)  # sum_b t u^T
+    if len(params) == 1:
+        (p,), (g,) = params, saved
+        if std is not None:  # per head sum of da * eps, without a product tensor (measured 2x faster; a bmm of
+            per_head = torch.einsum("bhij,bhij->h", da, eps)  # (1 x ne) by (ne x 1) takes 6x)
+            grads[-1] += per_head if grads[-1].shape[0] == per_head.shape[0] else per_head.sum()
+        if p.shape[1] == 1 < da.shape[1]:  # MiSH: the mixed matrix feeds every head
+            da = torch.sum(da, 1, keepdim=True, out=scratch("da1", g.shape[:1] + (1,) + g.shape[2:], g))
+        grads[0] += sum_heads(g, da)
+        return _mix(p.t(), da, out=scratch("dg", g.shape, g))
+    (w1, _, w2, _), (x, r) = params, saved
+    grads[3] += da.sum((0, 2, 3))
+    grads[2] += sum_heads(da, r)
+    dh = _mix(w2, da, out=scratch("dr", r.shape, r))
+    dh = torch.ops.aten.threshold_backward(dh, r, 0.0)  # ReLU's backward in one pass: dr where r > 0
+    grads[1] += dh.sum((0, 2, 3))
+    grads[0] += sum_heads(dh, x)
+    dx = _mix(w1, dh, out=scratch("dg", x.shape, x))
+    if std is not None:
+        grads[-1] += torch.einsum("bkij,bkij->k", dx, eps)
+    return dx
 
 
 class _RecomputedFiSH(torch.autograd.Function):
-    """out = softmax(p^T (q k^T) + std * eps, masked) v per block of rows; see _recomputed_attention."""
+    """out = softmax(mix(q k^T, noise), masked) v per block of rows; see _recomputed_attention."""
 
     @staticmethod
-    def forward(ctx, q, k, v, p, std, eps, hidden, is_causal, tile_only, keep):
+    def forward(ctx, q, k, v, std, eps, hidden, is_causal, tile_only, keep, *params):
         N, S = q.shape[2], k.shape[2]
         out = v.new_empty(q.shape[0], v.shape[1], N, v.shape[3])
         tiles, kept = [], []
         scratch = _Scratch(_BLOCK_ROWS, S)
         for i, (rows, end) in enumerate(_row_blocks(N, S, is_causal)):
             tiles.append(_block_hidden(hidden, tile_only, rows, end, N, S, q))
-            g, w = _block_weights(q[:, :, rows], k[:, :, :end], p, std, None if eps is None else eps[i], *tiles[-1],
-                                  scratch, _fresh if keep else scratch)
+            saved, w = _block_weights(q[:, :, rows], k[:, :, :end], params, std, None if eps is None else eps[i],
+                                      *tiles[-1], scratch, _fresh if keep else scratch)
             out[:, :, rows] = torch.matmul(w, v[:, :, :end])
             if keep:
-                kept.append((g, w))
-        ctx.save_for_backward(q, k, v, p, std, out)
+                kept.append((saved, w))
+        ctx.save_for_backward(q, k, v, std, out, *params)
         ctx.blocks = (is_causal, tiles, kept, eps)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        q, k, v, p, std, out = ctx.saved_tensors
+        q, k, v, std, out, *params = ctx.saved_tensors
         is_causal, tiles, kept, eps = ctx.blocks
         grad_out = grad_out.contiguous()
         # Contiguous buffers whatever the inputs' strides (zeros_like would copy a transposed view's layout, and
         # flatten below would then return a copy instead of a view to accumulate into).
         dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-        dp = torch.zeros_like(p)
-        dstd = None if std is None else torch.zeros_like(std)
+        grads = [torch.zeros_like(t) for t in params] + ([] if std is None else [torch.zeros_like(std)])
         # softmax backward: dA = w * (dW - sum_s w dW), sum_s w_s dW_s = dout . out per row, so dW - that sum is
         # one product of [dout, -dout . out] with [v, 1] (no separate pass over the block to subtract it)
         do_aug = torch.cat([grad_out, -(grad_out * out).sum(-1, keepdim=True)], -1)
         v_aug = torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], -1)
         dk3, dv3 = dk.flatten(0, 1), dv.flatten(0, 1)  # (B*heads, S, D) views: bmm accumulates into them
         scratch = _Scratch(_BLOCK_ROWS, k.shape[2])
-        H = v.shape[1]
         for i, (rows, end) in enumerate(_row_blocks(q.shape[2], k.shape[2], is_causal)):
             qb, kb = q[:, :, rows], k[:, :, :end]
             eb = None if eps is None else eps[i]
-            g, w = kept[i] if kept else _block_weights(qb, kb, p, std, eb, *tiles[i], scratch, scratch)
+            saved, w = kept[i] if kept else _block_weights(qb, kb, params, std, eb, *tiles[i], scratch, scratch)
             dv3[:, :end].baddbmm_(w.flatten(0, 1).transpose(1, 2), grad_out[:, :, rows].flatten(0, 1))
             da = torch.matmul(do_aug[:, :, rows], v_aug[:, :, :end].transpose(-1, -2),
                               out=scratch("da", w.shape, w)).mul_(w)
-            if dstd is not None:  # per head sum of da * eps, without a product tensor (measured 2x faster; a bmm of
-                per_head = torch.einsum("bhij,bhij->h", da, eb)  # (1 x ne) by (ne x 1) takes 6x)
-                dstd += per_head if dstd.shape[0] == H else per_head.sum()
-            if p.shape[1] == 1 < H:  # MiSH: the mixed matrix feeds every head
-                da = torch.sum(da, 1, keepdim=True, out=scratch("da1", g.shape[:1] + (1,) + g.shape[2:], g))
-            dp += torch.matmul(g.flatten(2), da.flatten(2).transpose(-1, -2)).sum(0)
-            dg = _mix(p.t(), da, out=scratch("dg", g.shape, g))
+            dg = _mixing_backward(params, saved, da, std, eb, grads, scratch)
             dq[:, :, rows] = torch.matmul(dg, kb)
             dk3[:, :end].baddbmm_(dg.flatten(0, 1).transpose(1, 2), qb.flatten(0, 1))
-        return dq, dk, dv, dp, dstd, None, None, None, None, None
+        dstd = grads.pop() if std is not None else None
+        return (dq, dk, dv, dstd, None, None, None, None, None, *grads)
 
 
 def _fused_attention(query, key, value, p, scale, attention_mask, is_causal):
