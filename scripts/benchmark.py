@@ -38,7 +38,6 @@ import argparse
 import copy
 import csv
 import importlib
-import importlib.util
 import json
 import math
 import os
@@ -52,6 +51,7 @@ import time
 import torch
 from torch.utils import flop_counter
 
+import hf_mgk
 from hf_mgk import flops as paper
 
 FAMILIES = {}
@@ -204,7 +204,7 @@ def fish_cases(args, head_dim=None):
         cases[f"FiSH-GPT2 {kind}, {heads}+{m} heads"] = (
             "fish_gpt2", {**size, "n_head": heads, "head_dim": head_dim, "num_global_heads": m, "attention_type": kind})
     return {"lengths": args.lengths or [256, 512, 1024, 2048, 4096], "baseline": base, "cases": cases,
-            "flop_detail": True, "train_tables": [print_flop_table, print_param_table]}
+            "flop_detail": True, "formula": "app_d", "train_tables": [print_flop_table, print_param_table]}
 
 
 # ------------------------------------------------------------------ fixed head size (concise multi-head attention)
@@ -246,7 +246,7 @@ def mgk_gpt2_cases(args, head_dim=None):
                       f"MGK-GPT2 hard, {heads // 2} heads": ("mgk_gpt2", {**half, "e_step": "hard"})}}
 
 
-if importlib.util.find_spec("hf_mgk") and hasattr(importlib.import_module("hf_mgk"), "MGKGPT2Config"):
+if hasattr(hf_mgk, "MGKGPT2Config"):
     family("mgk-gpt2")(mgk_gpt2_cases)
 
 
@@ -305,10 +305,11 @@ def build(kind, overrides, length):
     return getattr(importlib.import_module(module), model_name)(config, **model_kwargs)
 
 
-def paper_flops(kind, config, length, batch):
+def paper_flops(kind, config, length, batch, formula="app_b"):
     """(forward FLOPs by the family's paper formula over all layers and the batch, what the formula covers), or
-    (None, why not). MGK App. B and NPRF: the attention layer; FiSH App. D: the attention-matrix part."""
-    if kind in ("gpt2", "fish_gpt2"):
+    (None, why not). formula "app_d" (the fish family, GPT-2 and FiSH-GPT2): FiSH App. D, the attention-matrix
+    part; otherwise the attention layer: NPRF's products for NPRF, MGK App. B for softmax and MGK attention."""
+    if formula == "app_d":
         return app_d(config, batch, length)["appd_flops"], "FiSH App. D, attention-matrix part"
     if kind == "longformer":
         return None, "no formula (Longformer)"
@@ -530,7 +531,7 @@ def make_rows(family_name, spec, results, mode, args, swept=None):
             kind, overrides = spec["cases"][case]
             r = results[(case, length)]
             config = make_config(kind, overrides, length)
-            formula, scope = paper_flops(kind, config, length, args.batch)
+            formula, scope = paper_flops(kind, config, length, args.batch, spec.get("formula", "app_b"))
             row = {"family": family_name, "case": case, "baseline": case == spec["baseline"], "device": DEVICE,
                    "mode": mode, "threads": args.threads, "batch": args.batch, "length": length,
                    "hidden": config.hidden_size, "heads": config.num_attention_heads,

@@ -185,20 +185,23 @@ def test_headsize_family_has_equal_parameters(tiny, monkeypatch, capsys):
     assert capsys.readouterr().out.rstrip().endswith("-- all equal")
 
 
-@pytest.mark.parametrize("kind, overrides, expected", [
-    ("gpt2", {"n_head": 4}, lambda c, n: flops.fish_cost(32, 4, 1, 8, n)["mha_flops"]),
-    ("fish_gpt2", {"n_head": 4, "num_global_heads": 2, "attention_type": "hard_fish"},
-     lambda c, n: flops.fish_cost(32, 4, 2, 8, n, variant="hard_fish")["fish_flops"]),
-    ("roberta", {"num_attention_heads": 4}, lambda c, n: flops.mgk_attention_flops(n, 32, 4, 8)),
-    ("nprf_roberta", {"num_attention_heads": 4, "num_random_features": 8},
-     lambda c, n: flops.nprf_attention_flops(n, 32, 4, 8, 8)),
-    ("longformer", {"num_attention_heads": 4}, None),
+@pytest.mark.parametrize("kind, overrides, formula, expected", [
+    ("gpt2", {"n_head": 4}, "app_d", lambda n: flops.fish_cost(32, 4, 1, 8, n)["mha_flops"]),
+    ("fish_gpt2", {"n_head": 4, "num_global_heads": 2, "attention_type": "hard_fish"}, "app_d",
+     lambda n: flops.fish_cost(32, 4, 2, 8, n, variant="hard_fish")["fish_flops"]),
+    ("gpt2", {"n_head": 4}, "app_b", lambda n: flops.mgk_attention_flops(n, 32, 4, 8)),  # beside MGK-GPT2
+    ("roberta", {"num_attention_heads": 4}, "app_b", lambda n: flops.mgk_attention_flops(n, 32, 4, 8)),
+    ("nprf_roberta", {"num_attention_heads": 4, "num_random_features": 8}, "app_b",
+     lambda n: flops.nprf_attention_flops(n, 32, 4, 8, 8)),
+    ("mgk", {"num_attention_heads": 2, "head_dim": 8, "num_keys": 3, "mgk_variances": [1, 3, 5]}, "app_b",
+     lambda n: flops.mgk_attention_flops(n, 32, 2, 8, 3)),
+    ("longformer", {"num_attention_heads": 4}, "app_b", None),
 ])
-def test_paper_formula_for_every_model_kind(kind, overrides, expected):
+def test_paper_formula_for_every_model_kind(kind, overrides, formula, expected):
     size = {"n_embd": 32, "n_layer": 2} if "gpt2" in kind else {"hidden_size": 32, "num_hidden_layers": 2}
     config = bench.make_config(kind, {**size, **overrides}, 24)
-    value, scope = bench.paper_flops(kind, config, 24, 3)
+    value, scope = bench.paper_flops(kind, config, 24, 3, formula)
     if expected is None:
         assert value is None and scope.startswith("no formula")
     else:
-        assert value == 2 * 3 * expected(config, 24)
+        assert value == 2 * 3 * expected(24)
