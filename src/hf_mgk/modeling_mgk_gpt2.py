@@ -79,7 +79,9 @@ class MGKGPT2Attention(MGKAttentionCore):
         projected = torch.addmm(bias, hidden_states.reshape(-1, hidden_states.shape[-1]), weight)
         query, value, keys = projected.view(*hidden_states.shape[:-1], -1).split([inner, inner, self.num_keys * inner],
                                                                                   dim=-1)
-        keys = keys.unflatten(-1, (self.num_keys, self.num_heads, self.head_dim)).permute(0, 3, 2, 1, 4)
+        # view with the traced sizes, not unflatten: torch.jit.trace (TorchScript ONNX export) keeps unflatten's
+        # output sizes as constants, which froze the batch size of the exported graph
+        keys = keys.view(*keys.shape[:-1], self.num_keys, self.num_heads, self.head_dim).permute(0, 3, 2, 1, 4)
         return self._heads(query), keys, self._heads(value)
 
     def forward(self, hidden_states, past_key_values=None, attention_mask=None, **kwargs):
