@@ -17,6 +17,8 @@ from hf_mgk import (
     FiSHGPT2Model,
     MGKBertConfig,
     MGKBertModel,
+    MGKGPT2Config,
+    MGKGPT2Model,
     NPRFRobertaConfig,
     NPRFRobertaModel,
 )
@@ -28,6 +30,8 @@ FAMILIES = {  # family: (model class, config class, config fields, its other att
     "mgk": (MGKBertModel, MGKBertConfig, BERT, "mgk"),
     "fish": (FiSHGPT2Model, FiSHGPT2Config,
              dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64, num_global_heads=2), "fish"),
+    "mgk-gpt2": (MGKGPT2Model, MGKGPT2Config, dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64),
+                 "mgk"),
     "nprf": (NPRFRobertaModel, NPRFRobertaConfig, dict(BERT, max_position_embeddings=66, pad_token_id=1,
                                                        num_random_features=16), "nprf"),
 }

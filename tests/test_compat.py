@@ -33,13 +33,14 @@ GPT2 = dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid
 ROBERTA = dict(BERT, pad_token_id=1, bos_token_id=0, eos_token_id=2, num_random_features=16)
 # A published folder holds the tokenizer too (the card's snippet loads it with AutoTokenizer): one per family.
 TOKENIZERS = {"mgk-mgk": bundled.bert_checkpoint_dir, "fish-fish": bundled.gpt2_tokenizer_dir,
-              "nprf-nprf": bundled.roberta_tokenizer_dir}
+              "nprf-nprf": bundled.roberta_tokenizer_dir, "mgkgpt2-mgk": bundled.gpt2_tokenizer_dir}
 TEXT = "The quick brown fox jumps over the lazy dog. Ünïcödé   spaces!"
 
 
 def _cases():
     """(name, hf_mgk class name, config class, config fields, Auto class) of every saved folder."""
     mgk, fish, nprf = hf_mgk.MGKBertConfig, hf_mgk.FiSHGPT2Config, hf_mgk.NPRFRobertaConfig
+    mgk_gpt2 = hf_mgk.MGKGPT2Config
     cases = []
     for kind in ("softmax", "mgk", "smgk", "mlk", "smlk"):
         cases.append((f"mgk-{kind}", "MGKBertForMaskedLM", mgk, dict(BERT, attention_type=kind), "AutoModelForMaskedLM"))
@@ -61,6 +62,18 @@ def _cases():
     cases += [
         ("fish-base", "FiSHGPT2Model", fish, GPT2, "AutoModel"),
         ("fish-seqcls", "FiSHGPT2ForSequenceClassification", fish, dict(GPT2, num_labels=3),
+         "AutoModelForSequenceClassification"),
+    ]
+    for kind in ("softmax", "mgk", "smgk", "mlk", "smlk"):
+        cases.append((f"mgkgpt2-{kind}", "MGKGPT2LMHeadModel", mgk_gpt2, dict(GPT2, attention_type=kind),
+                      "AutoModelForCausalLM"))
+    cases += [
+        ("mgkgpt2-hard-em", "MGKGPT2LMHeadModel", mgk_gpt2, dict(GPT2, e_step="hard", mgk_prior="em", num_keys=3),
+         "AutoModelForCausalLM"),
+        ("mgkgpt2-smgk-em", "MGKGPT2LMHeadModel", mgk_gpt2, dict(GPT2, attention_type="smgk", mgk_prior="em"),
+         "AutoModelForCausalLM"),
+        ("mgkgpt2-base", "MGKGPT2Model", mgk_gpt2, GPT2, "AutoModel"),
+        ("mgkgpt2-seqcls", "MGKGPT2ForSequenceClassification", mgk_gpt2, dict(GPT2, num_labels=3),
          "AutoModelForSequenceClassification"),
     ]
     for name, fields in [("softmax", dict(attention_type="softmax")), ("nprf", {}),
@@ -228,7 +241,8 @@ def _compare(got, want, case):
 
 
 @pytest.mark.parametrize("name", ["modeling_mgk_bert", "modeling_fish_gpt2", "modeling_nprf_roberta",
-                                  "configuration_mgk_bert", "configuration_fish_gpt2", "configuration_nprf_roberta"])
+                                  "modeling_mgk_gpt2", "configuration_mgk_bert", "configuration_fish_gpt2",
+                                  "configuration_nprf_roberta", "configuration_mgk_gpt2"])
 def test_each_entry_file_imports_every_sibling_it_needs_itself(name):
     """transformers 5.8 and 5.9 copy, from a local folder, only the siblings an entry file (the one `auto_map`
     names) imports itself, then import them all: a sibling needed only by a sibling would be missing there."""

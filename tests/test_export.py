@@ -14,6 +14,8 @@ from hf_mgk import (
     FiSHGPT2Model,
     MGKBertConfig,
     MGKBertModel,
+    MGKGPT2Config,
+    MGKGPT2Model,
     NPRFRobertaConfig,
     NPRFRobertaModel,
 )
@@ -29,10 +31,12 @@ CASES = {
     "mgk-mgk": lambda: MGKBertModel(MGKBertConfig(**BERT, attention_type="mgk")),
     "fish-softmax": lambda: FiSHGPT2Model(FiSHGPT2Config(**GPT2, attention_type="softmax")),
     "fish-fish": lambda: FiSHGPT2Model(FiSHGPT2Config(**GPT2, attention_type="fish", num_global_heads=2)),
+    "mgkgpt2-softmax": lambda: MGKGPT2Model(MGKGPT2Config(**GPT2, attention_type="softmax")),
+    "mgkgpt2-mgk": lambda: MGKGPT2Model(MGKGPT2Config(**GPT2, attention_type="mgk")),
     "nprf-softmax": lambda: NPRFRobertaModel(NPRFRobertaConfig(**ROBERTA, attention_type="softmax")),
     "nprf-nprf": lambda: NPRFRobertaModel(NPRFRobertaConfig(**ROBERTA)),
 }
-NON_SOFTMAX = ["mgk-mgk", "fish-fish", "nprf-nprf"]
+NON_SOFTMAX = ["mgk-mgk", "fish-fish", "mgkgpt2-mgk", "nprf-nprf"]
 
 
 def model_for(case):

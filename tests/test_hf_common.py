@@ -4,7 +4,8 @@
 distribution, which `scripts/setup.sh` extracts into `.hf-tests/transformers-<version>/tests` (nothing is fetched
 here). Each family gets a small model tester, as transformers' own `tests/models/*/test_modeling_*.py` do (tiny
 config, `prepare_config_and_inputs_for_common`), once per attention type: MGK-BERT softmax / mgk, FiSH-GPT2
-softmax / fish / hard_fish, NPRF-RoBERTa softmax / nprf (encoder classes, and the causal LM as a decoder).
+softmax / fish / hard_fish, MGK-GPT2 softmax / mgk / smgk with the hard E-step and the EM prior, NPRF-RoBERTa
+softmax / nprf (encoder classes, and the causal LM as a decoder).
 
 The sdist ships `test_modeling_common.py` without two files it imports: `tests/exporters/test_export.py`
 (`ExportTesterMixin`, the base of `ModelTesterMixin`, which adds the export tests) and
@@ -34,11 +35,14 @@ PACKAGE = "hf_common_tests"  # transformers' tests/ imported under its own name 
 # The task of each of our classes, as transformers' name maps (`MODEL_FOR_*_MAPPING_NAMES`) give it for a built-in
 # model: the common tests add labels and choose checks by these maps. Only the loaded test module's copies change.
 TASKS = {
-    "MODEL_MAPPING_NAMES": {"mgk-bert": "MGKBertModel", "fish-gpt2": "FiSHGPT2Model", "nprf-roberta": "NPRFRobertaModel"},
+    "MODEL_MAPPING_NAMES": {"mgk-bert": "MGKBertModel", "fish-gpt2": "FiSHGPT2Model", "mgk-gpt2": "MGKGPT2Model",
+                            "nprf-roberta": "NPRFRobertaModel"},
     "MODEL_FOR_MASKED_LM_MAPPING_NAMES": {"mgk-bert": "MGKBertForMaskedLM", "nprf-roberta": "NPRFRobertaForMaskedLM"},
-    "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES": {"fish-gpt2": "FiSHGPT2LMHeadModel", "nprf-roberta": "NPRFRobertaForCausalLM"},
+    "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES": {"fish-gpt2": "FiSHGPT2LMHeadModel", "mgk-gpt2": "MGKGPT2LMHeadModel",
+                                          "nprf-roberta": "NPRFRobertaForCausalLM"},
     "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES": {"mgk-bert": "MGKBertForSequenceClassification",
                                                         "fish-gpt2": "FiSHGPT2ForSequenceClassification",
+                                                        "mgk-gpt2": "MGKGPT2ForSequenceClassification",
                                                         "nprf-roberta": "NPRFRobertaForSequenceClassification"},
     "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES": {"mgk-bert": "MGKBertForTokenClassification"},
     "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES": {"mgk-bert": "MGKBertForQuestionAnswering",
@@ -122,8 +126,8 @@ else:
     NOT_IN_SDIST = {
         "test_generation_tester_mixin_inheritance": (
             "GenerationTesterMixin (tests/generation/test_utils.py) is not in the transformers sdist, so transformers' "
-            "generation tests cannot run here; generate() is tested by tests/test_fish_gpt2.py and "
-            "tests/test_nprf_roberta.py"),
+            "generation tests cannot run here; generate() is tested by tests/test_fish_gpt2.py, "
+            "tests/test_mgk_gpt2.py and tests/test_nprf_roberta.py"),
     }
 
     def eager_matches_sdpa_on_base_model(case):
@@ -159,6 +163,7 @@ else:
     MGK = (hf_mgk.MGKBertModel, hf_mgk.MGKBertForMaskedLM, hf_mgk.MGKBertForSequenceClassification,
            hf_mgk.MGKBertForTokenClassification, hf_mgk.MGKBertForQuestionAnswering)
     FISH = (hf_mgk.FiSHGPT2Model, hf_mgk.FiSHGPT2LMHeadModel, hf_mgk.FiSHGPT2ForSequenceClassification)
+    MGK_GPT2 = (hf_mgk.MGKGPT2Model, hf_mgk.MGKGPT2LMHeadModel, hf_mgk.MGKGPT2ForSequenceClassification)
     NPRF = (hf_mgk.NPRFRobertaModel, hf_mgk.NPRFRobertaForMaskedLM, hf_mgk.NPRFRobertaForSequenceClassification,
             hf_mgk.NPRFRobertaForQuestionAnswering)
 
@@ -172,6 +177,13 @@ else:
                                    FISH[:2], OWN_KERNEL)
     FiSHGPT2HardFiSHTest = family_case("FiSHGPT2HardFiSHTest", hf_mgk.FiSHGPT2Config,
                                        dict(GPT2, attention_type="hard_fish"), FISH[:2], OWN_KERNEL)
+    MGKGPT2SoftmaxTest = family_case("MGKGPT2SoftmaxTest", hf_mgk.MGKGPT2Config, dict(GPT2, attention_type="softmax"),
+                                     MGK_GPT2)
+    MGKGPT2MGKTest = family_case("MGKGPT2MGKTest", hf_mgk.MGKGPT2Config, dict(GPT2, attention_type="mgk"),
+                                 MGK_GPT2[:2], OWN_KERNEL)
+    MGKGPT2HardSMGKEMTest = family_case("MGKGPT2HardSMGKEMTest", hf_mgk.MGKGPT2Config,
+                                        dict(GPT2, attention_type="smgk", e_step="hard", mgk_prior="em"),
+                                        MGK_GPT2[:2], OWN_KERNEL)
     NPRFRobertaSoftmaxTest = family_case("NPRFRobertaSoftmaxTest", hf_mgk.NPRFRobertaConfig,
                                          dict(ROBERTA, attention_type="softmax"), NPRF, REPEATED)
     NPRFRobertaNPRFTest = family_case("NPRFRobertaNPRFTest", hf_mgk.NPRFRobertaConfig, ROBERTA, NPRF[:2], OWN_KERNEL)

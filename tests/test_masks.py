@@ -12,6 +12,8 @@ from hf_mgk import (
     FiSHGPT2Model,
     MGKBertConfig,
     MGKBertModel,
+    MGKGPT2Config,
+    MGKGPT2Model,
     NPRFRobertaConfig,
     NPRFRobertaModel,
 )
@@ -20,15 +22,18 @@ from hf_mgk import attention_nprf
 BERT = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
             max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 GPT2 = dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64, use_cache=False, resid_pdrop=0.0,
-            embd_pdrop=0.0, attn_pdrop=0.0, num_global_heads=2)
+            embd_pdrop=0.0, attn_pdrop=0.0)
 ROBERTA = dict(BERT, max_position_embeddings=66, num_random_features=16, pad_token_id=1)
 
 CASES = {  # name: (model, causal)
     **{f"mgk-{t}": (lambda t=t: MGKBertModel(MGKBertConfig(**BERT, attention_type=t)), False)
        for t in ("softmax", "mgk", "smgk", "mlk", "smlk")},
     "mgk-mgk-hard-causal": (lambda: MGKBertModel(MGKBertConfig(**BERT, e_step="hard", is_decoder=True)), True),
-    **{f"fish-{t}": (lambda t=t: FiSHGPT2Model(FiSHGPT2Config(**GPT2, attention_type=t)), True)
+    **{f"fish-{t}": (lambda t=t: FiSHGPT2Model(FiSHGPT2Config(**GPT2, attention_type=t, num_global_heads=2)), True)
        for t in ("softmax", "fish", "gfish", "mish")},
+    **{f"mgkgpt2-{t}": (lambda t=t: MGKGPT2Model(MGKGPT2Config(**GPT2, attention_type=t)), True)
+       for t in ("softmax", "mgk", "smgk", "mlk", "smlk")},
+    "mgkgpt2-mgk-hard": (lambda: MGKGPT2Model(MGKGPT2Config(**GPT2, e_step="hard", num_keys=3)), True),
     "nprf-softmax": (lambda: NPRFRobertaModel(NPRFRobertaConfig(**ROBERTA, attention_type="softmax")), False),
     "nprf-nprf": (lambda: NPRFRobertaModel(NPRFRobertaConfig(**ROBERTA)), False),
     "nprf-nprf-causal": (lambda: NPRFRobertaModel(NPRFRobertaConfig(**ROBERTA, is_decoder=True)), True),
@@ -86,7 +91,7 @@ def test_3d_and_4d_masks_equal_the_padding_mask(case):
 
 def attention_and_kwargs(model):
     """The first layer's attention module, and what the model passes it besides the mask."""
-    if isinstance(model, FiSHGPT2Model):
+    if isinstance(model, (FiSHGPT2Model, MGKGPT2Model)):
         return model.h[0].attn, {}
     kwargs = {}
     if isinstance(model, NPRFRobertaModel):
@@ -157,8 +162,9 @@ def test_nprf_linear_time_paths_refuse_a_custom_mask(monkeypatch):
                                        torch.ones(1, 1, 8, 8, dtype=torch.bool), False, False, path="fft")
 
 
-def test_mask_of_the_wrong_shape_is_refused_naming_the_shapes():
-    model, _ = model_for("fish-fish")
+@pytest.mark.parametrize("case", ["fish-fish", "mgkgpt2-mgk"])
+def test_mask_of_the_wrong_shape_is_refused_naming_the_shapes(case):
+    model, _ = model_for(case)
     ids, _ = padded_batch()
     with pytest.raises(ValueError, match=r"\(3, 1, 8, 8\); got shape \(3, 1, 8, 7\)"):
         run(model, ids, torch.ones(3, 1, 8, 7, dtype=torch.bool))

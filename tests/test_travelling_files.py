@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 import hf_mgk
-from hf_mgk import FiSHGPT2Config, FiSHGPT2Model, MGKBertConfig, MGKBertModel, NPRFRobertaConfig, NPRFRobertaModel
+from hf_mgk import (FiSHGPT2Config, FiSHGPT2Model, MGKBertConfig, MGKBertModel, MGKGPT2Config, MGKGPT2Model,
+                    NPRFRobertaConfig, NPRFRobertaModel)
 
 PACKAGE = Path(hf_mgk.__file__).parent
 TRAVELLING = re.compile(r"(configuration_|modeling_|attention_).*\.py|config_checks\.py|transformers_compat\.py")
@@ -21,10 +22,14 @@ def travelling_files(tmp_path_factory):
     """The .py files save_pretrained writes for each family, checked to be the ones the name pattern covers."""
     copied = set()
     for model in (MGKBertModel(MGKBertConfig(**ENCODER)), NPRFRobertaModel(NPRFRobertaConfig(**ENCODER)),
-                  FiSHGPT2Model(FiSHGPT2Config(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64))):
+                  FiSHGPT2Model(FiSHGPT2Config(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64)),
+                  MGKGPT2Model(MGKGPT2Config(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64))):
         folder = tmp_path_factory.mktemp(model.config.model_type)
         model.save_pretrained(folder)
         copied |= {p.name for p in folder.glob("*.py")}
+        if model.config.model_type == "mgk-gpt2":  # the shared decoder stack and MGK glue travel with it
+            assert {"modeling_decoder.py", "modeling_mgk.py", "configuration_mgk.py", "attention_mgk.py",
+                    "modeling_mgk_gpt2.py", "configuration_mgk_gpt2.py"} <= {p.name for p in folder.glob("*.py")}
     by_name = {p.name for p in PACKAGE.glob("*.py") if TRAVELLING.fullmatch(p.name)}
     assert copied and copied <= by_name, f"travelling files the pattern misses: {copied - by_name}"
     return sorted(PACKAGE / name for name in by_name)
@@ -43,7 +48,9 @@ def test_the_attention_files_cite_their_papers(travelling_files):
              "configuration_mgk_bert.py": "arXiv:2110.08678",
              "attention_nprf.py": "arXiv:2106.12566",
              "attention_fish.py": "Improving Transformer with an Admixture of Attention Heads",
-             "configuration_fish_gpt2.py": "arXiv:2002.07028"}
+             "configuration_fish_gpt2.py": "arXiv:2002.07028",
+             "modeling_mgk_gpt2.py": "Improving Transformers with Probabilistic Attention Keys",
+             "configuration_mgk_gpt2.py": "arXiv:2110.08678"}
     for path in travelling_files:
         if path.name in cited:
             assert cited[path.name] in path.read_text(), path.name
