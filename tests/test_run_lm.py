@@ -82,15 +82,19 @@ def bert_dir():
     return bundled.bert_checkpoint_dir()
 
 
-@pytest.fixture(scope="module")
-def stock_gpt2_dir(work, gpt2_dir):
-    """A tiny stock GPT2LMHeadModel with the bundled GPT-2 tokenizer."""
-    tokenizer = AutoTokenizer.from_pretrained(gpt2_dir)
+def save_tiny_stock_gpt2(folder):
+    """A tiny stock GPT2LMHeadModel (4 heads of 8, seed 0) with the bundled GPT-2 tokenizer, saved in `folder`."""
+    tokenizer = AutoTokenizer.from_pretrained(bundled.gpt2_tokenizer_dir())
     torch.manual_seed(0)
     GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4, n_inner=37,
-                               n_positions=64)).save_pretrained(work / "stock-gpt2")
-    tokenizer.save_pretrained(work / "stock-gpt2")
-    return str(work / "stock-gpt2")
+                               n_positions=64)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def stock_gpt2_dir(work):
+    return save_tiny_stock_gpt2(work / "stock-gpt2")
 
 
 @pytest.fixture(scope="module")
