@@ -6,6 +6,7 @@
     python scripts/benchmark.py --family fish                 # FiSH-GPT2 (8 local heads, M=2) vs GPT-2 (8 heads, SDPA)
     python scripts/benchmark.py --family nprf                 # NPRF paths vs SDPA; NPRF-RoBERTa vs RoBERTa, Longformer
     python scripts/benchmark.py --family headsize             # fixed head sizes 128 / 32 vs BERT's 64, equal parameters
+    python scripts/benchmark.py --family mgk-gpt2             # MGK-GPT2 (H/2 heads) vs GPT-2 (H), once hf_mgk has it
     python scripts/benchmark.py --family mgk --head-dims 32 64 128 --lengths 512 --figures figs   # ratio vs head size
     python scripts/benchmark.py --family all --models-only --mode both --threads 1 --lengths 256 512 1024 \
         --csv results.csv --markdown results.md --figures figures      # the README's results table and figures

@@ -195,6 +195,7 @@ def test_headsize_family_has_equal_parameters(tiny, monkeypatch, capsys):
      lambda n: flops.nprf_attention_flops(n, 32, 4, 8, 8)),
     ("mgk", {"num_attention_heads": 2, "head_dim": 8, "num_keys": 3, "mgk_variances": [1, 3, 5]}, "app_b",
      lambda n: flops.mgk_attention_flops(n, 32, 2, 8, 3)),
+    ("mgk_gpt2", {"n_head": 2, "head_dim": 8}, "app_b", lambda n: flops.mgk_attention_flops(n, 32, 2, 8, 2)),
     ("longformer", {"num_attention_heads": 4}, "app_b", None),
 ])
 def test_paper_formula_for_every_model_kind(kind, overrides, formula, expected):
@@ -205,3 +206,16 @@ def test_paper_formula_for_every_model_kind(kind, overrides, formula, expected):
         assert value is None and scope.startswith("no formula")
     else:
         assert value == 2 * 3 * expected(24)
+
+
+def test_mgk_gpt2_family():
+    """MGK-GPT2 (H/2 heads of GPT-2's head size) against GPT-2 (H heads), both by App. B: the formula ratio is
+    App. B's (ii) over (i)."""
+    spec = bench.FAMILIES["mgk-gpt2"](bench.argparse.Namespace(heads=8, lengths=[256]))
+    rows = {}
+    for case, (kind, overrides) in spec["cases"].items():
+        config = bench.make_config(kind, overrides, 256)
+        rows[case] = bench.paper_flops(kind, config, 256, 1, spec.get("formula", "app_b"))[0]
+    base = rows.pop(spec["baseline"])
+    assert base == 2 * flops.mgk_attention_flops(256, 512, 8, 64)
+    assert set(rows.values()) == {2 * flops.mgk_attention_flops(256, 512, 4, 64, 2)}
