@@ -391,19 +391,21 @@ def test_task_name_alone_reads_nyu_mll_glue(tmp_path):
 # ---------------------------------------------------------------- the other families, warm starts, own tasks
 
 
-def test_fish_gpt2_from_scratch_pads_with_end_of_text(tmp_path, gpt2_tokenizer_dir, caplog):
+@pytest.mark.parametrize("family, fields", [("fish-gpt2", "num_global_heads=2"), ("mgk-gpt2", "num_keys=2")])
+def test_gpt2_families_from_scratch_pad_with_end_of_text(family, fields, tmp_path, gpt2_tokenizer_dir, caplog):
+    """GPT-2's classifiers read the last token that is not padding: every decoder family gets the pad id."""
     options, rows = task_files(str(tmp_path / "data"), "rte")
     out = str(tmp_path / "out")
     with caplog.at_level(logging.INFO):
         results = run_glue.main(
-            ["--model_type", "fish-gpt2", "--config_overrides",
-             "n_embd=32,n_layer=2,n_head=4,num_global_heads=2,n_positions=64,initializer_range=0.3",
+            ["--model_type", family, "--config_overrides",
+             f"n_embd=32,n_layer=2,n_head=4,{fields},n_positions=64,initializer_range=0.3",
              "--tokenizer_name", gpt2_tokenizer_dir, "--task_name", "rte", "--do_train", "--do_eval",
              "--no_pad_to_max_length", "--log_level", "info", "--output_dir", out]
             + as_args(options) + COMMON)
     assert "no padding token" in caplog.text and "end-of-text token '<|endoftext|>' (id 50256)" in caplog.text
     model = check_eval(out, results, "rte", rows["validation"])
-    assert model.config.model_type == "fish-gpt2" and model.config.pad_token_id == 50256
+    assert model.config.model_type == family and model.config.pad_token_id == 50256
     assert AutoTokenizer.from_pretrained(out).pad_token == "<|endoftext|>"
 
 
