@@ -289,7 +289,10 @@ def family_of(model_args):
             f"{source} is a {model_type!r} checkpoint; hf-mgk warm-starts from {', '.join(sorted(STOCK_FAMILIES))} "
             f"checkpoints and continues {', '.join(sorted(FAMILY_CONFIGS))} ones")
     if model_args.model_type is not None and model_args.model_type != family:
-        raise ValueError(f"--model_type {model_args.model_type} does not match the checkpoint, which gives {family}")
+        hint = (f" (--family {model_args.model_type} chooses it for a stock {model_type!r} checkpoint)"
+                if model_args.model_type in STOCK_FAMILIES.get(model_type, ()) else "")
+        raise ValueError(f"--model_type {model_args.model_type} does not match the checkpoint, which gives "
+                         f"{family}{hint}")
     return family
 
 
