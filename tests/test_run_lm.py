@@ -282,7 +282,7 @@ def test_which_family_a_checkpoint_starts(stock_gpt2_dir, stock_bert_dir, tmp_pa
      "attention_type"),  # FiSH-GPT2's config refuses an MGK type
     (["--model_name_or_path", "GPT2", "--model_type", "mgk-gpt2"],
      r"--model_type mgk-gpt2 does not match the checkpoint, which gives fish-gpt2 \(--family mgk-gpt2 chooses it "
-     "for a stock 'gpt2' checkpoint\)"),
+     r"for a stock 'gpt2' checkpoint\)"),
 ])
 def test_contradictory_family_is_an_error(argv, message, texts, work, stock_gpt2_dir, stock_bert_dir, tmp_path):
     saved = tmp_path / "saved-mgk-gpt2"
