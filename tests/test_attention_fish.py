@@ -492,3 +492,19 @@ def test_path_rule_in_training(monkeypatch):
     fish_attention(*args[:3], other).sum().backward()
     fish_attention(*args, dropout_p=0.1).sum().backward()
     assert calls == ["_blocked_attention"] * 2
+
+
+@pytest.mark.parametrize("variant", ["fish", "mish_noise", "gfish"])
+@pytest.mark.parametrize("budget", [0, 2**28])
+def test_second_backward_with_retained_graph(variant, budget, monkeypatch):
+    """backward twice through the hand-written path (retain_graph): the kept or recomputed blocks are unchanged by
+    the first, so the second adds the same gradients again."""
+    monkeypatch.setattr(af, "_BLOCK_ROWS", 2)
+    monkeypatch.setattr(af, "_KEEP_BYTES", budget)
+    args, kwargs, leaves = make_case(variant, N=5, S=5, pad=True)
+    out = fish_attention(*args, **kwargs, is_causal=True, generator=torch.Generator().manual_seed(3))
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(7))
+    once = torch.autograd.grad((out * w).sum(), leaves, retain_graph=True)
+    twice = torch.autograd.grad((out * w).sum(), leaves)
+    for a, b in zip(once, twice):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
