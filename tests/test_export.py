@@ -39,6 +39,15 @@ CASES = {
 NON_SOFTMAX = ["mgk-mgk", "fish-fish", "mgkgpt2-mgk", "nprf-nprf"]
 
 
+@pytest.fixture
+def fresh_dynamo():
+    """Compile as a new process would: every decorated forward shares one wrapper code object (as transformers'
+    own `can_return_tuple`), so the models compiled by earlier tests count towards dynamo's recompile limit."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 def model_for(case):
     model = CASES[case]().eval()
     if case == "nprf-nprf":  # a relative-position bias that matters (it starts at zero)
@@ -82,7 +91,7 @@ def test_torch_export_gives_the_eager_outputs(case):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", NON_SOFTMAX + ["mgk-softmax"])
-def test_fullgraph_compile_gives_the_eager_outputs(case):
+def test_fullgraph_compile_gives_the_eager_outputs(case, fresh_dynamo):
     model = model_for(case)
     # aot_eager captures the whole graph as inductor does (fullgraph: no graph break allowed) without a C++ build
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
@@ -94,7 +103,7 @@ def test_fullgraph_compile_gives_the_eager_outputs(case):
 
 
 @pytest.mark.slow
-def test_fullgraph_compile_with_inductor():
+def test_fullgraph_compile_with_inductor(fresh_dynamo):
     model = model_for("fish-fish")
     compiled = torch.compile(model, fullgraph=True)
     ids, mask = padded(OTHER)
