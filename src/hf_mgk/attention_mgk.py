@@ -620,8 +620,10 @@ def mlk_attention(query, keys, value, *, log_prior=None, attention_mask=None, is
     normaliser phi(q_i)^T Z grow with N and overflow float16 from N ~ 1k (outputs 0 or NaN), and bfloat16
     prefix sums lose the later terms."""
     _check_shapes(query, keys, value)
-    if return_weights or (attention_mask is not None and attention_mask.dim() == 4):
-        # the weights, or a whole (B, 1, N, S) mask (which the sums over keys cannot apply): the explicit form
+    if return_weights or (attention_mask is not None and attention_mask.dim() == 4) or (is_causal and _tracing()):
+        # the weights, or a whole (B, 1, N, S) mask (which the sums over keys cannot apply): the explicit form; also
+        # causal in a traced or compiled graph, where the chunks' padding to a multiple of the chunk length cannot
+        # stay symbolic (torch.export with a dynamic length fails on its guards)
         return mlk_attention_reference(query, keys, value, log_prior=log_prior, attention_mask=attention_mask,
                                        is_causal=is_causal, return_weights=return_weights)
     n, s = query.shape[2], keys.shape[3]
@@ -653,8 +655,7 @@ def _causal_linear(phi_q, phi_k, value):
     product and all earlier keys from the state sum_{j before the chunk} phi_k_j v_j^T, one (D, Dv) per chunk,
     Causal linear attention as prefix sums: Katharopoulos et al., "Transformers are RNNs" (ICML 2020), Sec. 3.3;
     the chunked evaluation: Hua et al., "Transformer Quality in Linear Time" (ICML 2022), mixed chunk attention."""
-    n, s = phi_q.shape[2], phi_k.shape[2]
-    c = max(1, min(_MLK_CHUNK, n))
+    n, s, c = phi_q.shape[2], phi_k.shape[2], _MLK_CHUNK
     if s < n:  # queries before position 0 see nothing: positions with no key (phi = 0) put in front
         phi_k, value = (F.pad(t, (0, 0, n - s, 0)) for t in (phi_k, value))
         s = n
