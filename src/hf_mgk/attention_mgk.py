@@ -199,6 +199,10 @@ def _mgk_soft_sdpa(query, keys, value, var, log_prior, attention_mask, is_causal
 # SDPA's rate; the passes over the (n, S) blocks (exp, E_r dS', sums) and per-op overhead add 0.3-0.5x of it,
 # where SDPA's kernel does that work inside its cache-resident tiles: 1.06-1.3x (MGK) and 0.92-1.05x (sMGK) of
 # SDPA; with dropout 0.53x (SDPA and the augmented-key SDPA then take the math path and draw 2x the masks).
+# Split (N = 512-1024, 1 thread): forward 1.27-1.5x SDPA's forward with autograd but 1.2x without (the kept blocks
+# are memory new to the process on every call: ~6k page faults of ~1 us at N = 1024, and write traffic), backward
+# 0.93x (MGK) / 0.75x (sMGK) of SDPA's. Tried without a measurable gain: keeping only the E_r (P recomputed in
+# backward); the row and column sums of dL_r from one more column in the dq and dk products; 32 / 64 / 256 rows.
 _BLOCK_ROWS = 128
 _MIN_ROW_SUM = math.exp(-40.0)
 # The block probabilities are kept for backward (no recomputed scores: measured 7-28% faster at N = 512-2048)
