@@ -417,7 +417,11 @@ def test_nprf_roberta_warm_start_from_stock_roberta(tmp_path, stock_roberta_dir)
     model = check_eval(out, results, "mrpc", rows["validation"])
     assert model.config.model_type == "nprf-roberta"
     with open(os.path.join(out, "hf_mgk_run.json")) as f:
-        assert json.load(f)["base_model"] is None  # only a Hub name is a base model for the card
+        assert json.load(f)["base_model"] == stock_roberta_dir  # a warm start from a local stock folder
+    run = hf_mgk.hub.read_run(out)  # the card says it in words, not as Hub metadata
+    card = hf_mgk.hub.model_card(model, run)
+    assert f"warm-started from the checkpoint `{os.path.basename(stock_roberta_dir)}`" in card
+    assert "continued from" not in card and hf_mgk.hub.card_data(model, run).base_model is None
 
 
 def test_warm_start_from_a_stock_bert_classifier_keeps_its_label_order(tmp_path, stock_mrpc_bert_dir):

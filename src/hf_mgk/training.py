@@ -561,9 +561,15 @@ def dataset_label(data_args):
 
 
 def base_model(model_args):
-    """The Hub checkpoint a run started from, for the model card; None for a local folder or a new model."""
+    """The checkpoint a run started from, for the model card: a Hub name, or a local folder holding a stock
+    checkpoint (a warm start: the card says so in words, never as Hub metadata); None for a new model or the
+    continuation of a local hf-mgk folder."""
     path = model_args.model_name_or_path
-    return path if path is not None and not os.path.isdir(path) else None
+    if path is None:
+        return None
+    if not os.path.isdir(path):
+        return path
+    return path if (checkpoint_config(model_args) or {}).get("model_type") in STOCK_FAMILIES else None
 
 
 # Language modelling: what run_mlm.py and run_clm.py share.
