@@ -306,5 +306,5 @@ def test_fish_keeps_the_listed_global_heads(tmp_path, warnings_logged):
         assert torch.equal(w[:, 4 * D:], w_stock[:, 64:])
     with pytest.raises(ValueError, match="keep_heads.*lists 2 heads but num_global_heads=3"):
         FiSHGPT2LMHeadModel.from_pretrained(tmp_path / "gpt2", num_global_heads=3, keep_heads=[3, 1])
-    with pytest.raises(ValueError, match="keep_heads chooses which query/key heads"):
+    with pytest.raises(ValueError, match="keep_heads chooses which heads of a stock GPT-2 checkpoint"):
         FiSHGPT2LMHeadModel.from_pretrained(tmp_path / "gpt2", attention_type="softmax", keep_heads=[3, 1])
