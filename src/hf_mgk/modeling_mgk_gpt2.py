@@ -93,7 +93,9 @@ class MGKGPT2Attention(MGKAttentionCore):
             option_a = self.has_extra_keys
             stored = keys.permute(0, 1, 3, 2, 4).flatten(-2) if option_a else keys  # (B, H, N, M * D)
             stored, value = cache_update(past_key_values, self.layer_idx, stored, value)
-            keys = stored.unflatten(-1, (self.num_keys, self.head_dim)).permute(0, 1, 3, 2, 4) if option_a else stored
+            if option_a:  # (view, as in _project: traced sizes stay symbolic)
+                stored = stored.view(*stored.shape[:-1], self.num_keys, self.head_dim).permute(0, 1, 3, 2, 4)
+            keys = stored
             attention_mask = mask_for_cached_keys(attention_mask, True, past, query.shape[-2], value.shape[-2],
                                                   value.device)
         out, weights = self.attend(query, keys, value, attention_mask, wants_attentions(self.config, kwargs),
