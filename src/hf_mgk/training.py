@@ -27,15 +27,20 @@ import transformers
 from transformers import AutoConfig, AutoTokenizer, HfArgumentParser, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 
+from .configuration_fish_gpt2 import FISH_ATTENTION_TYPES
+from .configuration_mgk import MGK_ATTENTION_TYPES
+
 logger = logging.getLogger("hf_mgk.training")
 
 RUN_FILE = "hf_mgk_run.json"
 
 # A stock checkpoint's model_type -> the hf-mgk families that warm-start from it, the default first.
 STOCK_FAMILIES = {"bert": ("mgk-bert",), "gpt2": ("fish-gpt2", "mgk-gpt2"), "roberta": ("nprf-roberta",)}
-# The attention types that name one family of a stock checkpoint's several ("softmax" is every family's).
-FAMILY_OF_ATTENTION = {**dict.fromkeys(("mgk", "smgk", "mlk", "smlk"), "mgk-gpt2"),
-                       **dict.fromkeys(("fish", "hard_fish", "gfish", "hard_gfish", "mish"), "fish-gpt2")}
+# The attention types that name one family of a stock checkpoint's several ("softmax" is every family's): each
+# family's own list, from its configuration.
+FAMILY_OF_ATTENTION = {t: family for family, types in (("mgk-gpt2", MGK_ATTENTION_TYPES),
+                                                       ("fish-gpt2", FISH_ATTENTION_TYPES))
+                       for t in types if t != "softmax"}
 
 # family -> task -> class name in hf_mgk. Tasks: mlm, clm, seq-cls, qa.
 FAMILY_CLASSES = {
