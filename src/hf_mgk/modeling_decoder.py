@@ -186,20 +186,20 @@ def _from_stock_gpt2(cls, path, config_dict, kwargs, keep_heads=None):
     output_loading_info = stock_kwargs.pop("output_loading_info", False)
     n_layer = config_dict.get("n_layer", 12)  # the checkpoint's (GPT-2 defaults)
     n_head, d = config_dict.get("n_head", 12), config_dict.get("n_embd", 768)
+    stock_dim = d // n_head
     count = family_kwargs.get(cls._head_count)
     if count is None and keep_heads is None:
         count = cls._default_head_count(n_head)
     kept = resolve_keep_heads(keep_heads, n_layer, n_head, count, cls._head_count)  # checked before reading weights
     family_kwargs[cls._head_count] = len(kept[0])
     if cls._head_count == "n_head" and len(kept[0]) != n_head:
-        family_kwargs.setdefault("head_dim", d // n_head)  # fewer heads keep their size, as in the encoder families
+        family_kwargs.setdefault("head_dim", stock_dim)  # fewer heads keep their size, as in the encoder families
     stock, info = getattr(transformers, cls._stock_gpt2_class).from_pretrained(path, output_loading_info=True,
                                                                                 **stock_kwargs)
     keep = set(transformers.GPT2Config().to_dict()) - {"model_type", "architectures", "auto_map", "_name_or_path",
                                                        "transformers_version"}  # the fields (a dataclass only on v5)
     base = {k: v for k, v in stock.config.to_dict().items() if k in keep}
     config = cls.config_class(**{**base, **family_kwargs})
-    stock_dim = d // n_head
     if config.attention_head_size != stock_dim or config.n_embd != d:
         raise ValueError(
             f"cannot convert a GPT-2 checkpoint with heads of size {stock_dim} and n_embd={d} into "

@@ -134,17 +134,18 @@ class MGKGPT2PreTrainedModel(DecoderPreTrainedModel):
         extra = config.num_keys - 1 if config.attention_type in ("mgk", "mlk") else 0
         out = {}
         for name, tensor in state.items():
-            layer = STOCK_C_ATTN.search(name) or STOCK_C_PROJ.search(name)
+            c_attn = STOCK_C_ATTN.search(name)
+            layer = c_attn or STOCK_C_PROJ.search(name)
             if layer:
                 index = head_index(kept[int(layer.group(1))], stock_dim, tensor.device)
-            if STOCK_C_ATTN.search(name):  # (in, [Q | K | V]) -> the kept heads of each
+            if c_attn:  # (in, [Q | K | V]) -> the kept heads of each
                 tensor = torch.cat([tensor[..., index], tensor[..., d + index], tensor[..., 2 * d + index]], dim=-1)
                 key = tensor[..., inner:2 * inner]
                 is_weight = name.endswith("weight")
                 for r in range(extra):
                     start = extra_key_start(key, config.initializer_range) if is_weight else key.clone()
                     out[name.replace("attn.c_attn.", f"attn.extra_keys.{r}.")] = start
-            elif STOCK_C_PROJ.search(name):  # (H * D, n_embd): the kept heads' rows
+            elif layer:  # c_proj.weight (H * D, n_embd): the kept heads' rows
                 tensor = tensor[index]
             out[name] = tensor
         return out
