@@ -46,3 +46,28 @@ def left_padded(b=3, n=9, pad=(0, 3, 5), vocab_size=99, pad_id=0):
 def positions(mask):
     """The position ids of a left-padded batch, as generate() derives them from the mask."""
     return (mask.cumsum(-1) - 1).clamp_min(0)
+
+
+def load_benchmark_script(name):
+    """scripts/benchmark.py as a module of its own (`name`: one per test file, so none shares another's state)."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "benchmark.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def children_in_process(bench, calls):
+    """A stand-in for the benchmark's `call_child` that runs the child function here, its result through JSON as
+    from a child process, appending (name, args, result) to `calls`."""
+    import json
+
+    def call_child(name, call_args):
+        result = json.loads(json.dumps(bench.CHILD_FUNCTIONS[name](*call_args)))
+        calls.append((name, call_args, result))
+        return result
+
+    return call_child

@@ -5,8 +5,6 @@ the noise add. So the counted attention-matrix part must be App. D's terms with 
 asserted exactly, so the benchmark's counted column measures what App. D describes, on the models' own layers.
 """
 
-import importlib.util
-import pathlib
 
 import pytest
 import torch
@@ -14,10 +12,9 @@ import torch.nn.functional as F
 
 from hf_mgk.attention_fish import fish_cost
 
-_PATH = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "benchmark.py"
-_spec = importlib.util.spec_from_file_location("hf_mgk_benchmark_script", _PATH)
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from conftest import load_benchmark_script
+
+bench = load_benchmark_script("hf_mgk_benchmark_script")
 
 D_X, H, M, D, LAYERS = 32, 4, 2, 8, 2
 SIZE = dict(n_embd=D_X, n_layer=LAYERS, n_inner=64, vocab_size=50, bos_token_id=0, eos_token_id=0,

@@ -3,20 +3,16 @@ blocked paths (the products the formula needs, no M*S augmented keys), and one i
 tiny length. No timed assertion: the machine is shared and noisy."""
 
 import contextlib
-import importlib.util
 import io
-import json
-import pathlib
 
 import pytest
 import torch
 
 from hf_mgk import attention_mgk as am
 
-_PATH = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "benchmark.py"
-_spec = importlib.util.spec_from_file_location("hf_mgk_benchmark_script_mgk", _PATH)
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from conftest import children_in_process, load_benchmark_script
+
+bench = load_benchmark_script("hf_mgk_benchmark_script_mgk")
 
 
 def test_paper_formula_is_the_issue_count():
@@ -80,14 +76,8 @@ def test_attention_step_gives_gradients(path):
 
 def test_attention_table_in_process(monkeypatch):
     calls = []
-
-    def in_process(name, call_args):
-        result = json.loads(json.dumps(bench.CHILD_FUNCTIONS[name](*call_args)))
-        calls.append((name, call_args, result))
-        return result
-
     threads = torch.get_num_threads()
-    monkeypatch.setattr(bench, "call_child", in_process)
+    monkeypatch.setattr(bench, "call_child", children_in_process(bench, calls))
     monkeypatch.setattr("sys.argv", ["benchmark.py", "--heads", "8", "--repeats", "1", "--threads", str(threads)])
     args = bench.argparse.Namespace(heads=8, batch=1, repeats=1, threads=threads)
     out = io.StringIO()

@@ -8,19 +8,15 @@ the child mechanism itself is exercised once on its own.
 """
 
 import contextlib
-import importlib.util
 import io
-import json
-import pathlib
 import re
 
 import pytest
 import torch
 
-_PATH = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "benchmark.py"
-_spec = importlib.util.spec_from_file_location("hf_mgk_benchmark_script_nprf", _PATH)
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from conftest import children_in_process, load_benchmark_script
+
+bench = load_benchmark_script("hf_mgk_benchmark_script_nprf")
 
 
 # ------------------------------------------------------------------ pure helpers
@@ -123,15 +119,9 @@ def _consistent(ratio, ms, base_ms):
 def family_run():
     """main() for --family nprf, with every child call made here; (printed text, [(name, args, result)])."""
     calls = []
-
-    def in_process(name, call_args):
-        result = json.loads(json.dumps(bench.CHILD_FUNCTIONS[name](*call_args)))
-        calls.append((name, call_args, result))
-        return result
-
     threads = torch.get_num_threads()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(bench, "call_child", in_process)
+        mp.setattr(bench, "call_child", children_in_process(bench, calls))
         mp.setattr("sys.argv", ["benchmark.py", "--family", "nprf", "--lengths", *map(str, LENGTHS),
                                 "--repeats", "1", "--batch", str(BATCH), "--threads", str(threads)])
         out = io.StringIO()

@@ -6,19 +6,15 @@ assertion: the machine is shared and noisy; what is asserted is what can be comp
 """
 
 import csv
-import importlib.util
-import json
-import pathlib
 
 import pytest
 import torch
 
 from hf_mgk import flops
 
-_PATH = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "benchmark.py"
-_spec = importlib.util.spec_from_file_location("hf_mgk_benchmark_script_outputs", _PATH)
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from conftest import children_in_process, load_benchmark_script
+
+bench = load_benchmark_script("hf_mgk_benchmark_script_outputs")
 
 TINY_BERT = dict(hidden_size=32, num_hidden_layers=1, intermediate_size=64, vocab_size=50,
                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -33,12 +29,7 @@ def tiny(monkeypatch):
         entry[3] = TINY_BERT
         monkeypatch.setitem(bench.BUILDERS, kind, tuple(entry))
     calls = []
-
-    def in_process(name, call_args):
-        calls.append((name, call_args))
-        return json.loads(json.dumps(bench.CHILD_FUNCTIONS[name](*call_args)))
-
-    monkeypatch.setattr(bench, "call_child", in_process)
+    monkeypatch.setattr(bench, "call_child", children_in_process(bench, calls))
     threads = torch.get_num_threads()
     yield calls
     torch.set_num_threads(threads)
