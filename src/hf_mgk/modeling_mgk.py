@@ -17,6 +17,9 @@ from .attention_mgk import mgk_attention, mgk_responsibilities, mlk_attention, s
 from .modeling_common import is_full_mask, parent_of, softmax_attention
 from .transformers_compat import init
 
+# Option A of the paper (Sec. 2.3): keys 2..M have projections of their own (`extra_keys`).
+SEPARATE_KEY_TYPES = ("mgk", "mlk")
+
 
 class MGKAttentionCore(nn.Module):
     """What an MGK self-attention holds besides its projections: `key_shift` (sMGK / sMLK, option B: k_jr = k_j +
@@ -59,7 +62,7 @@ class MGKAttentionCore(nn.Module):
     @property
     def has_extra_keys(self):
         """Option A: keys 2..M have projections of their own (`extra_keys`)."""
-        return self.attention_type in ("mgk", "mlk")
+        return self.attention_type in SEPARATE_KEY_TYPES
 
     @torch.no_grad()
     def begin_training_forward(self):
@@ -162,4 +165,4 @@ def extra_key_start(first_key_weight, std):
     return first_key_weight + std * 0.1 * torch.randn_like(first_key_weight)
 
 
-__all__ = ["MGKAttentionCore", "extra_key_start", "init_mgk_weights"]
+__all__ = ["SEPARATE_KEY_TYPES", "MGKAttentionCore", "extra_key_start", "init_mgk_weights"]

@@ -35,7 +35,7 @@ from .modeling_decoder import (
     cache_update,
 )
 from .modeling_heads import CausalLMHeadMixin  # noqa: F401
-from .modeling_mgk import MGKAttentionCore, extra_key_start, init_mgk_weights
+from .modeling_mgk import SEPARATE_KEY_TYPES, MGKAttentionCore, extra_key_start, init_mgk_weights
 from .modeling_warm_start import head_index
 from .transformers_compat import init  # noqa: F401
 
@@ -131,7 +131,7 @@ class MGKGPT2PreTrainedModel(DecoderPreTrainedModel):
     @classmethod
     def _convert_stock_state(cls, state, config, kept, stock_dim):
         d, inner = config.n_embd, config.n_head * config.attention_head_size
-        extra = config.num_keys - 1 if config.attention_type in ("mgk", "mlk") else 0
+        extra = config.num_keys - 1 if config.attention_type in SEPARATE_KEY_TYPES else 0
         out = {}
         for name, tensor in state.items():
             c_attn = STOCK_C_ATTN.search(name)
