@@ -46,11 +46,11 @@ class DataTrainingArguments(training.DataArguments):
     eval_stride: Optional[int] = field(default=None, metadata={"help": (
         "Also evaluate as the MGK / FiSH papers do (transformers' 'perplexity of fixed-length models'): the "
         "validation text as one token stream, read in windows of --block_size tokens that start this many tokens "
-        "apart, each scoring only its last eval_stride tokens (the first window all of its own), so every token is "
-        "predicted once from at least block_size - eval_stride tokens before it. Adds eval_strided_loss and "
+        "apart, each scoring only its last eval_stride tokens (the first window all of its own): below the block "
+        "size every token is predicted once, from at least block_size - eval_stride tokens before it. Adds eval_strided_loss and "
         "eval_strided_perplexity beside the block loss and perplexity. 1 .. block size; 1 is the papers' protocol "
         "(one forward pass per token). With --max_eval_samples N, the stream's first N x block_size tokens. Runs "
-        "on the main process only.")})
+        "on the main process only, in the model's dtype (no --bf16 / --fp16 autocast).")})
 
     def __post_init__(self):
         super().__post_init__()
