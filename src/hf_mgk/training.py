@@ -672,12 +672,24 @@ def tokenize_into_blocks(raw, tokenizer, block_size, option, data_args, training
                          labels=False, **tokenizer_kwargs):
     """Tokenize every text of each split, then group the tokens into blocks (see `group_texts`). A split that gives
     no block is an error naming its number of tokens (upstream silently trains or evaluates on nothing)."""
+    tokenized = tokenize_texts(raw, tokenizer, data_args, training_args, **tokenizer_kwargs)
+    return group_into_blocks(tokenized, block_size, option, data_args, training_args, keep_short=keep_short,
+                             labels=labels)
+
+
+def tokenize_texts(raw, tokenizer, data_args, training_args, **tokenizer_kwargs):
+    """Every text of each split tokenized on its own (the text column: see `text_column`)."""
     column = text_column(next(iter(raw.values())))
 
     def tokenize(batch):
         return tokenizer(batch[column], **tokenizer_kwargs)
 
-    tokenized = map_splits(raw, tokenize, data_args, training_args, "tokenizing")
+    return map_splits(raw, tokenize, data_args, training_args, "tokenizing")
+
+
+def group_into_blocks(tokenized, block_size, option, data_args, training_args, keep_short=False, labels=False):
+    """The second half of `tokenize_into_blocks`: tokenized splits grouped into blocks, a split without one an
+    error."""
     blocks = map_splits(tokenized, functools.partial(group_texts, block_size=block_size, keep_short=keep_short,
                                                      labels=labels),
                         data_args, training_args, f"grouping into blocks of {block_size}", remove_columns=False)
@@ -687,6 +699,13 @@ def tokenize_into_blocks(raw, tokenizer, block_size, option, data_args, training
             raise ValueError(f"the {split} text has {n_tokens} tokens, not enough for one block of {block_size} "
                              f"tokens ({option} {block_size}): give more text or a smaller {option}")
     return blocks
+
+
+def token_stream(tokenized, limit=None):
+    """The input_ids of a tokenized split concatenated in order, as one list: every token of the split, where the
+    blocks drop each map batch's remainder. limit: at most its first `limit` tokens."""
+    stream = list(itertools.chain.from_iterable(tokenized["input_ids"]))
+    return stream if limit is None else stream[:limit]
 
 
 def predicted_ids(logits, labels):
