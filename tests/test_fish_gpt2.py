@@ -353,3 +353,37 @@ def test_remote_code_without_hf_mgk_gives_identical_logits_and_text(tmp_path):
         assert all(torch.equal(loaded[name]["state"][k], v) for k, v in state.items()), name  # the very same weights
         assert_same_outputs(loaded[name]["out"], output, name)  # float32 round-off apart, see hub.assert_same_outputs
     assert got["text"] == text.tolist()
+
+
+@pytest.mark.parametrize("attention_type", ["fish", "hard_fish", "mish", "gfish", "hard_gfish"])
+def test_mixing_init_choices(attention_type):
+    """fish_mixing_init="mean": p_kj start at 1/M (+ small noise), GFiSH's network at PyTorch's Linear init;
+    "normal" (the authors' LM code): p_kj and the network's weights N(0, initializer_range), biases 0."""
+    torch.manual_seed(0)
+    big = dict(n_embd=64, n_head=16, num_global_heads=4, n_layer=1)
+    mean_model = FiSHGPT2LMHeadModel(tiny(attention_type=attention_type, **big))
+    normal_model = FiSHGPT2LMHeadModel(tiny(attention_type=attention_type, fish_mixing_init="normal", **big))
+    std = normal_model.config.initializer_range
+    mean_mix, normal_mix = (m.transformer.h[0].attn.mixing for m in (mean_model, normal_model))
+    if isinstance(mean_mix, torch.nn.Parameter):
+        tol = 3 * std / normal_mix.numel() ** 0.5  # MiSH has M = 4 numbers, FiSH M x H = 64
+        assert abs(mean_mix.mean().item() - 1 / 4) < tol and abs(normal_mix.mean().item()) < tol
+        assert normal_mix.abs().max() < 5 * std and mean_mix.min() > 0.25 - 5 * std
+    else:
+        first, second = mean_mix[0], mean_mix[2]
+        bound = 1 / 4 ** 0.5
+        assert first.weight.abs().max() <= bound and first.weight.std() > 0.2  # uniform(-1/2, 1/2): std 0.29
+        assert first.bias.abs().max() > 0.1
+        for layer in (normal_mix[0], normal_mix[2]):
+            assert abs(layer.weight.std().item() - std) < 0.008 and torch.count_nonzero(layer.bias) == 0
+    assert normal_model.config.fish_mixing_init == "normal"
+    with pytest.raises(ValueError, match="fish_mixing_init"):
+        tiny(fish_mixing_init="uniform")
+
+
+def test_mixing_init_is_not_applied_to_loaded_weights(tmp_path):
+    model = FiSHGPT2LMHeadModel(tiny(attention_type="gfish"))
+    model.save_pretrained(tmp_path)
+    loaded = FiSHGPT2LMHeadModel.from_pretrained(tmp_path, fish_mixing_init="normal")
+    for a, b in zip(model.state_dict().values(), loaded.state_dict().values()):
+        assert torch.equal(a, b)

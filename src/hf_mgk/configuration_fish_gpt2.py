@@ -11,6 +11,7 @@ from .config_checks import ValidatedConfig, check_choice, check_float_range, che
 from .transformers_compat import ConfigCompat
 
 FISH_ATTENTION_TYPES = ("softmax", "fish", "hard_fish", "gfish", "hard_gfish", "mish")
+FISH_MIXING_INITS = ("mean", "normal")
 
 
 class FiSHGPT2Config(ValidatedConfig, ConfigCompat, GPT2Config):
@@ -24,6 +25,11 @@ class FiSHGPT2Config(ValidatedConfig, ConfigCompat, GPT2Config):
     num_global_heads (`int`, defaults to 2): M, the global query/key heads; 1 <= M < n_head for the FiSH types.
     head_dim (`int`, *optional*): the fixed head size D of every global and local head; `None` = n_embd / n_head.
     fish_noise_init (`float`, defaults to 0.1): the initial sigma_k of the noisy types.
+    fish_mixing_init (`str`, defaults to `"mean"`): how a new model's mixing starts. `"mean"`: every local head
+        starts from the mean of the global patterns, p_kj = 1/M plus N(0, initializer_range) noise, and GFiSH's
+        network takes PyTorch's default Linear init. `"normal"`: the FiSH authors' language-modelling code, whose
+        training script initialises every Linear layer N(0, 0.02) with zero bias: p_kj (and MiSH's p_k) and the
+        GFiSH network's weights N(0, initializer_range), its biases 0. Loaded weights are never re-initialised.
     """
 
     model_type = "fish-gpt2"
@@ -32,6 +38,7 @@ class FiSHGPT2Config(ValidatedConfig, ConfigCompat, GPT2Config):
     num_global_heads: int = 2
     head_dim: int | None = None
     fish_noise_init: float = 0.1
+    fish_mixing_init: str = "mean"
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
@@ -48,6 +55,7 @@ class FiSHGPT2Config(ValidatedConfig, ConfigCompat, GPT2Config):
         else:
             check_int_range("num_global_heads", self.num_global_heads, 1)  # unused by softmax, but saved
         check_float_range("fish_noise_init", self.fish_noise_init, 0, float("inf"))
+        check_choice("fish_mixing_init", self.fish_mixing_init, FISH_MIXING_INITS)
 
     @property
     def attention_head_size(self) -> int:

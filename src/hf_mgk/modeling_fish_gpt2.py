@@ -121,7 +121,7 @@ class FiSHGPT2PreTrainedModel(DecoderPreTrainedModel):
         "AutoModelForSequenceClassification": "FiSHGPT2ForSequenceClassification",
     }
     # Our fields that GPT2Config lacks: the rest of the keywords go to the stock class's own from_pretrained.
-    _family_fields = ("attention_type", "num_global_heads", "head_dim", "fish_noise_init")
+    _family_fields = ("attention_type", "num_global_heads", "head_dim", "fish_noise_init", "fish_mixing_init")
     _head_count = "num_global_heads"
     _new_parameters = (".attn.mixing", ".attn.noise_std")
     _kept_heads_note = "as the global query/key heads (every value head kept)"
@@ -129,17 +129,24 @@ class FiSHGPT2PreTrainedModel(DecoderPreTrainedModel):
 
     def _init_family_weights(self, module):
         std = self.config.initializer_range
+        authors = getattr(self.config, "fish_mixing_init", "mean") == "normal"  # see FiSHGPT2Config
         if isinstance(module, nn.Linear) and isinstance(parent_of(self, parent_of(self, module)), FiSHGPT2Attention):
-            # GFiSH's mixing network: PyTorch's default Linear init (the 0.02-normal init would shrink every mixed
-            # score ~100x).
-            bound = 1.0 / math.sqrt(module.in_features)
-            init.uniform_(module.weight, -bound, bound)
-            init.uniform_(module.bias, -bound, bound)
+            # GFiSH's mixing network. "mean": PyTorch's default Linear init (the 0.02-normal init shrinks every mixed
+            # score ~100x at the start); "normal": what the authors' LM training script gives every Linear layer.
+            if authors:
+                init.normal_(module.weight, mean=0.0, std=std)
+                init.zeros_(module.bias)
+            else:
+                bound = 1.0 / math.sqrt(module.in_features)
+                init.uniform_(module.weight, -bound, bound)
+                init.uniform_(module.bias, -bound, bound)
         elif isinstance(module, FiSHGPT2Attention):
             if isinstance(getattr(module, "mixing", None), nn.Parameter):
-                # Every local head starts from the mean of the global patterns, slightly perturbed so heads differ.
+                # "mean": every local head starts from the mean of the global patterns, slightly perturbed so heads
+                # differ; "normal": N(0, std), as a Linear layer of the authors' LM code.
                 m = module.num_qk_heads
-                init.copy_(module.mixing, torch.full_like(module.mixing, 1.0 / m) + std * torch.randn_like(module.mixing))
+                start = torch.zeros_like(module.mixing) if authors else torch.full_like(module.mixing, 1.0 / m)
+                init.copy_(module.mixing, start + std * torch.randn_like(module.mixing))
             if hasattr(module, "noise_std"):
                 init.constant_(module.noise_std, float(self.config.fish_noise_init))
 

@@ -33,6 +33,7 @@ class Arm:
     name: str
     label: str
     overrides: dict = field(default_factory=dict)
+    keep_heads: str = None  # warm starts: which of the checkpoint's heads to keep (run_*'s --keep_heads)
 
 
 @dataclass(frozen=True)
@@ -245,6 +246,41 @@ _register(Claim(
     notes=("A causal attention matrix is lower triangular with a positive diagonal, so it has full rank unless "
            "diagonal weights fall below the 1e-6 threshold: ranks of the causal LMs say little; the masked LM's "
            "are the comparison MGK Fig. 7 makes (its LRA models attend both ways).")))
+
+# MiniLM (the bundled 6-layer BERT, 12 heads of 32): half its heads kept, the same ones for both H/2 arms.
+WARMSTART_KEEP = "0,2,4,6,8,10"
+_register(Claim(
+    name="mgk-warmstart", title="MGK-BERT warm-started from MiniLM with half its heads, with its control",
+    source=("Nguyen et al., Improving Transformers with Probabilistic Attention Keys (ICML 2022), App. B (H/2 "
+            "heads) and Table 3; the main job of this package (scripts/quickstart.py)"),
+    statement=("Starting from a trained 12-head BERT, MGK with 6 of its heads (M = 2 keys, the extra key "
+               "initialised from the kept one) recovers what pruning to 6 softmax heads loses, and matches the "
+               "12-head model."),
+    kind="warmstart", family="mgk-bert", metric="eval_accuracy", lower_is_better=False,
+    arms=(Arm("softmax-12", "softmax, MiniLM's 12 heads", {"attention_type": "softmax"}),
+          Arm("mgk-6", "MGK, 6 of the 12 heads, M = 2", {"attention_type": "mgk", "num_attention_heads": 6,
+                                                          "num_keys": 2}, keep_heads=WARMSTART_KEEP),
+          Arm("softmax-6", "softmax, 6 of the 12 heads (pruned)", {"attention_type": "softmax",
+                                                                   "num_attention_heads": 6},
+              keep_heads=WARMSTART_KEEP)),
+    paper={"metric": "no warm-start table in the paper; its from-scratch WikiText-103 perplexities",
+           "softmax-12": None, "note": "MGK Table 3 (from scratch): softmax 8 heads 33.15, MGK 4 heads 33.28, "
+                                       "softmax 4 heads 34.80 valid PPL"},
+    checks=(Check("MGK with 6 heads beats softmax pruned to the same 6 heads", "better", "mgk-6", "softmax-6"),
+            Check("MGK with 6 heads is no worse than softmax with 12 (within 1%)", "no_worse", "mgk-6",
+                  "softmax-12", 0.01)),
+    extra_metrics=("adapt_eval_loss", "eval_loss"),
+    notes=("Each arm: masked-LM adaptation on the training plays (run_mlm.py), then fine-tuning on the movie-review "
+           "polarity task (run_glue.py, SST-2's layout; a fixed held-out fifth of the 10,566 sentences). The "
+           "12-head arm is adapted too, with the same recipe.")))
+
+# The warm-start recipe: scripts/quickstart.py's defaults.
+WARMSTART = {
+    "default": {"adapt_steps": 30, "finetune_steps": 150, "batch_size": 16, "learning_rate": 5e-5,
+                "adapt_length": 128, "finetune_length": 64, "max_train_samples": None, "max_eval_samples": None},
+    "tiny": {"adapt_steps": 2, "finetune_steps": 2, "batch_size": 4, "learning_rate": 5e-5, "adapt_length": 32,
+             "finetune_length": 32, "max_train_samples": 16, "max_eval_samples": 16},
+}
 
 
 def heads_sources(claim):
@@ -656,6 +692,14 @@ def draw_figures(results, folder):
     return names
 
 
+DATA_NOTES = {
+    "nprf-stability": "this claim uses its script's own data: the bundled BERT tokenizer's 4,096 most frequent "
+                      "tokens, the plays in order, the last one held out",
+    "mgk-warmstart": "adaptation on these plays with MiniLM's own bert-base-uncased tokenizer; fine-tuning on the "
+                     "movie-review polarity sentences",
+}
+
+
 def layer_table(results):
     """The heads claim's per-layer numbers: each arm beside its baseline, means over seeds."""
     lines = ["## Per layer (mean over seeds)", "",
@@ -716,8 +760,7 @@ def report_markdown(results, figures=()):
     lines.append(f"- data: Shakespeare, {len(results['data']['training_plays'])} plays for training, held out whole: "
                  f"{', '.join(results['data']['held_out_plays'])}; a byte-level BPE of "
                  f"{results['data']['vocab_size']} tokens trained on the training plays only"
-                 + (" (nprf-stability uses its script's own data: the bundled BERT tokenizer's most frequent tokens)"
-                    if results["claim"] == "nprf-stability" else ""))
+                 + (f" ({DATA_NOTES[results['claim']]})" if results["claim"] in DATA_NOTES else ""))
     if "lm_head_flop_share" in results:
         lines.append(f"- the LM head's share of a forward's FLOPs (first arm, one block): "
                      f"{results['lm_head_flop_share']:.1%}")
