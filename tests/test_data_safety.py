@@ -90,3 +90,27 @@ def test_one_guard_for_every_script(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path / "run")
     with pytest.raises(ValueError, match="contains the current directory"):
         folders.refuse_holding_inputs(tmp_path, {})
+
+
+# ------------------------------------------------------------------------------------------ python -m hf_mgk
+
+
+def test_bundled_data_commands_refuse_existing_files_unless_overwrite(tmp_path):
+    from hf_mgk.__main__ import main
+
+    notes = plant(tmp_path, {"notes.txt": b"my notes, not a play\n"})
+    proc = subprocess.run([sys.executable, "-m", "hf_mgk", "shakespeare", str(tmp_path / "notes.txt"), "1"],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and f"{tmp_path / 'notes.txt'} already exists" in proc.stderr
+    assert "--overwrite" in proc.stderr and proc.stdout == ""
+    assert_kept(tmp_path, notes)
+    reviews = plant(tmp_path, {"reviews/train.csv": b"sentence,label\nmine,positive\n"})
+    with pytest.raises(SystemExit, match=r"movie-reviews: .*train\.csv already exists; nothing was written"):
+        main(["movie-reviews", str(tmp_path / "reviews")])
+    assert_kept(tmp_path, reviews)
+    assert not (tmp_path / "reviews" / "validation.csv").exists()
+    # --overwrite (anywhere on the line) replaces them.
+    main(["movie-reviews", "--overwrite", str(tmp_path / "reviews")])
+    assert (tmp_path / "reviews" / "train.csv").read_bytes() != reviews["reviews/train.csv"]
+    main(["shakespeare", str(tmp_path / "notes.txt"), "1", "--overwrite"])
+    assert (tmp_path / "notes.txt").stat().st_size > 100_000
