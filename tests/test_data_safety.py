@@ -45,7 +45,7 @@ def test_quickstart_refuses_an_output_folder_holding_its_inputs(where, tmp_path,
     with pytest.raises(SystemExit):
         quickstart.main(TINY + option + ["--output_dir", str(out), "--overwrite"])
     err = capsys.readouterr().err
-    assert f"--output_dir {out} contains --{where}" in err and "choose another folder" in err
+    assert f"--output_dir {out}, which contains --{where}" in err and "choose another folder" in err
     assert_kept(out, user)
 
 

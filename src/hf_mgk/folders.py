@@ -21,7 +21,7 @@ def refuse_holding_inputs(folder, inputs, option="--output_dir"):
     for what, path in named:
         if os.path.commonpath([folder, os.path.realpath(path)]) == folder:
             relation = "is" if os.path.realpath(path) == folder else "contains"
-            raise ValueError(f"{option} {folder} {relation} {what} ({path}): clearing it would delete "
+            raise ValueError(f"{option} {folder}, which {relation} {what} ({path}): clearing it would delete "
                              f"{'it' if relation == 'is' else 'that'}; choose another folder")
 
 

@@ -29,6 +29,7 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from .configuration_fish_gpt2 import FISH_ATTENTION_TYPES
 from .configuration_mgk import MGK_ATTENTION_TYPES
+from .folders import refuse_holding_inputs, trainer_checkpoints
 
 logger = logging.getLogger("hf_mgk.training")
 
@@ -466,7 +467,8 @@ def prepare_output_dir(training_args, identity):
     - `--resume_from_checkpoint PATH` resumes from PATH;
     - a folder with checkpoints of the same run (same `hf_mgk_run.json`) resumes from the last one;
     - a folder holding another run, or files but no checkpoint, is refused unless `--overwrite_output_dir`,
-      which deletes its checkpoints and starts anew."""
+      which deletes Trainer's checkpoints in it (`folders.trainer_checkpoints`: not a user's `checkpoint-notes/`,
+      nor one that is an input of this run) and starts anew."""
     out = training_args.output_dir
     if training_args.resume_from_checkpoint is not None:
         if not os.path.isdir(training_args.resume_from_checkpoint):
@@ -476,9 +478,13 @@ def prepare_output_dir(training_args, identity):
         return None
     if training_args.overwrite_output_dir:
         if training_args.process_index == 0:
-            for name in os.listdir(out):
-                if name.startswith("checkpoint-") and os.path.isdir(os.path.join(out, name)):
-                    shutil.rmtree(os.path.join(out, name))
+            checkpoints = trainer_checkpoints(out)
+            inputs = {f"--{key}": identity.get(key) for key in ("model_name_or_path", "config_name", "train_file",
+                                                                "validation_file")}
+            for checkpoint in checkpoints:  # all checked before any is deleted
+                refuse_holding_inputs(checkpoint, inputs, option="--overwrite_output_dir would delete the checkpoint")
+            for checkpoint in checkpoints:
+                shutil.rmtree(checkpoint)
         return None
     saved = read_run_identity(out)
     if saved is not None and saved != identity:
