@@ -69,6 +69,10 @@ def main(argv=None):
                          f"(--no_check_remote_code skips the check): {err}") from None
     print(f"wrote {folder}: {export['model_class']} ({export['pipeline_tag']}), card pinned to "
           f"revision={args.revision_tag!r}")
+    if export["ignored_results"]:
+        print(f"left out of the card: {', '.join(export['ignored_results'])} in {args.run_dir}, which its "
+              "hf_mgk_run.json does not record as this run's (an earlier run's, another model's evaluation, or "
+              "edited)")
     if export["kept_card"]:
         print("kept your edited README.md (the card this export would write is the one you edited); --overwrite "
               "replaces it")

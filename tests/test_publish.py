@@ -1,6 +1,7 @@
 """Publishing a training run: the Hub-ready folder, its model card, the upload (faked), the offline error, and the
 folder loading in a virtualenv without hf_mgk that reproduces the run's accuracy."""
 
+import hashlib
 import json
 import os
 import re
@@ -176,8 +177,10 @@ def make_run(tmp_path, model, info, metrics):
     run = tmp_path / "run"
     model.save_pretrained(run)
     AutoTokenizer.from_pretrained(bundled.bert_checkpoint_dir()).save_pretrained(run)
-    (run / "hf_mgk_run.json").write_text(json.dumps(info))
     (run / "all_results.json").write_text(json.dumps(metrics))
+    # Recorded as this run's results, as training.save_metrics does.
+    info = {**info, "results": {"all_results.json": hashlib.sha256((run / "all_results.json").read_bytes()).hexdigest()}}
+    (run / "hf_mgk_run.json").write_text(json.dumps(info))
     return str(run)
 
 

@@ -1,6 +1,7 @@
 """What a script may delete in a folder it writes to: never one of its own inputs, the current directory, or a
 file the user put there. Shared by publish (hub.export_run), quickstart and the training scripts."""
 
+import hashlib
 import os
 import re
 
@@ -32,3 +33,9 @@ def trainer_checkpoints(folder):
         return []
     return sorted(os.path.join(folder, name) for name in os.listdir(folder)
                   if _CHECKPOINT.fullmatch(name) and os.path.isfile(os.path.join(folder, name, "trainer_state.json")))
+
+
+def sha256_file(path):
+    """The file's SHA-256 (hex): how a script recognises, later, the very file it wrote."""
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()

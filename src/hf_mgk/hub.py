@@ -16,13 +16,12 @@ import textwrap
 
 import torch
 
-from .folders import refuse_holding_inputs
+from .folders import refuse_holding_inputs, sha256_file
 
 DEFAULT_REVISION = "v1"
 # Beside the exported files, never uploaded: which run the folder holds, so re-exporting the same run may replace
 # it while another run's export (or any other files) is refused unless overwrite is asked for.
 EXPORT_MARKER = ".hf_mgk_export.json"
-RESULTS_FILES = ("all_results.json", "eval_results.json", "train_results.json")
 
 # Auto class of the exported model -> the Hub's pipeline tag and a task name for the model-index.
 PIPELINES = {
@@ -128,11 +127,6 @@ def _relative_files(folder):
                   for root, _, names in os.walk(folder) for name in names)
 
 
-def _sha256(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
 def save_for_hub(model, folder, tokenizer=None, overwrite=False):
     """`save_pretrained` (safetensors + code files + full `auto_map`) into `folder`, plus the tokenizer and a
     README.md model card saying how to load it (no metrics: `export_run` publishes a training run with them).
@@ -167,15 +161,20 @@ def _read_json(path):
 def read_run(run_dir):
     """What the card needs from a training script's --output_dir: `hf_mgk_run.json` (identity, task, dataset,
     base_model, family, versions; any key may be missing), the metrics of all_results.json (else eval_ and
-    train_results.json together) under "results", and the number of optimizer steps under "global_step"."""
-    info = _read_json(os.path.join(run_dir, "hf_mgk_run.json")) or {}
-    results = _read_json(os.path.join(run_dir, RESULTS_FILES[0]))
+    train_results.json together) under "results", and the number of optimizer steps under "global_step".
+
+    Only results files that hf_mgk_run.json records as this run's are read (`training.recorded_results`); the
+    names of the others (an earlier run's, another model's evaluation, an edited file) are under
+    "ignored_results"."""
+    from .training import RUN_FILE, recorded_results
+
+    info = _read_json(os.path.join(run_dir, RUN_FILE)) or {}
+    own, ignored = recorded_results(run_dir)
+    results = own.get("all_results.json")
     if results is None:
-        results = {}
-        for name in RESULTS_FILES[1:]:
-            results.update(_read_json(os.path.join(run_dir, name)) or {})
+        results = {**own.get("eval_results.json", {}), **own.get("train_results.json", {})}
     state = _read_json(os.path.join(run_dir, "trainer_state.json")) or {}
-    return {**info, "results": results, "global_step": state.get("global_step")}
+    return {**info, "results": results, "ignored_results": ignored, "global_step": state.get("global_step")}
 
 
 def card_metrics(results):
@@ -490,7 +489,7 @@ def export_run(run_dir, folder, repo_id=None, revision=DEFAULT_REVISION, overwri
     kept = [rel for rel in _relative_files(folder) if rel not in files and rel != EXPORT_MARKER]
     return {"folder": folder, "model_class": type(model).__name__, "auto_class": auto,
             "pipeline_tag": PIPELINES[auto][0], "metrics": card_metrics(run["results"]), "checked": check,
-            "kept_files": kept, "kept_card": kept_card}
+            "kept_files": kept, "kept_card": kept_card, "ignored_results": run["ignored_results"]}
 
 
 def _keep_edited_card(folder, previous, card_sha256):
@@ -501,7 +500,7 @@ def _keep_edited_card(folder, previous, card_sha256):
     path = os.path.join(folder, "README.md")
     if not os.path.isfile(path):
         return False
-    now = _sha256(path)
+    now = sha256_file(path)
     if now in (previous.get("card_sha256"), card_sha256):  # not edited, or already the new card
         return False
     if previous.get("card_sha256") == card_sha256:
