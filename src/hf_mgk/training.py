@@ -183,9 +183,9 @@ class HfMgkTrainingArguments(TrainingArguments):
     """transformers' TrainingArguments plus the example scripts' `--overwrite_output_dir` (gone from v5)."""
 
     overwrite_output_dir: bool = field(default=False, metadata={"help": (
-        "Start a new run in --output_dir even if it holds checkpoints or another run (its checkpoints are "
-        "deleted). Without it a run resumes from the folder's last checkpoint, and a folder holding a different "
-        "run is refused.")})
+        "Start a new run in --output_dir even if it holds checkpoints or another run (Trainer's checkpoints, the "
+        "checkpoint-<step> folders holding a trainer_state.json, are deleted; other files stay). Without it a run "
+        "resumes from the folder's last checkpoint, and a folder holding a different run is refused.")})
 
 
 def parse_args(data_class, argv=None):
