@@ -1,7 +1,6 @@
 """Publishing a training run: the Hub-ready folder, its model card, the upload (faked), the offline error, and the
 folder loading in a virtualenv without hf_mgk that reproduces the run's accuracy."""
 
-import hashlib
 import json
 import os
 import re
@@ -18,6 +17,7 @@ from transformers import AutoTokenizer, Trainer, TrainingArguments
 
 import hf_mgk
 from hf_mgk import bundled, hub, training
+from hf_mgk.folders import sha256_file
 from hf_mgk.modeling_mgk_bert import MGKBertForSequenceClassification
 
 from conftest import assert_kept, plant
@@ -179,7 +179,7 @@ def make_run(tmp_path, model, info, metrics):
     AutoTokenizer.from_pretrained(bundled.bert_checkpoint_dir()).save_pretrained(run)
     (run / "all_results.json").write_text(json.dumps(metrics))
     # Recorded as this run's results, as training.save_metrics does.
-    info = {**info, "results": {"all_results.json": hashlib.sha256((run / "all_results.json").read_bytes()).hexdigest()}}
+    info = {**info, "results": {"all_results.json": sha256_file(run / "all_results.json")}}
     (run / "hf_mgk_run.json").write_text(json.dumps(info))
     return str(run)
 
