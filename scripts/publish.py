@@ -71,8 +71,8 @@ def main(argv=None):
           f"revision={args.revision_tag!r}")
     if export["ignored_results"]:
         print(f"left out of the card: {', '.join(export['ignored_results'])} in {args.run_dir}, which its "
-              "hf_mgk_run.json does not record as this run's (an earlier run's, another model's evaluation, or "
-              "edited)")
+              "hf_mgk_run.json does not record as this run's (an earlier run's, another model's evaluation, an "
+              "edited file, or one written by an hf-mgk that did not record results yet)")
     if export["kept_card"]:
         print("kept your edited README.md (the card this export would write is the one you edited); --overwrite "
               "replaces it")
