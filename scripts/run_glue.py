@@ -454,7 +454,7 @@ def main(argv=None):
             part["eval_samples"] = len(processed[split])
             metrics.update({key + suffix: value for key, value in part.items()})
         trainer.log_metrics("eval", metrics)
-        trainer.save_metrics("eval", metrics)
+        training.save_metrics(trainer, "eval", metrics)
         results.update(metrics)
     for name, split in predict_sets:
         if task is not None and len(splits[split]) < len(raw[split]):

@@ -193,7 +193,7 @@ def main(argv=None):
         output = trainer.predict(predict_dataset, examples["test"])
         metrics = {**output.metrics, "predict_samples": len(predict_dataset)}
         trainer.log_metrics("predict", metrics)
-        trainer.save_metrics("predict", metrics)
+        training.save_metrics(trainer, "predict", metrics)
         results.update(metrics)
     training.close_distributed()
     return results

@@ -71,3 +71,22 @@ def children_in_process(bench, calls):
         return result
 
     return call_child
+
+
+# Issue 18's deletion cases: a user's files are planted first and compared byte for byte after the command.
+def plant(folder, files):
+    """Write the user's files ({relative path: bytes}) under `folder`; returns them for `assert_kept`."""
+    for rel, data in files.items():
+        path = os.path.join(folder, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+    return files
+
+
+def assert_kept(folder, files):
+    for rel, data in files.items():
+        path = os.path.join(folder, rel)
+        assert os.path.isfile(path), f"{rel} was deleted"
+        with open(path, "rb") as f:
+            assert f.read() == data, f"{rel} was changed"

@@ -17,7 +17,10 @@ from transformers import AutoTokenizer, Trainer, TrainingArguments
 
 import hf_mgk
 from hf_mgk import bundled, hub, training
+from hf_mgk.folders import sha256_file
 from hf_mgk.modeling_mgk_bert import MGKBertForSequenceClassification
+
+from conftest import assert_kept, plant
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
@@ -174,8 +177,10 @@ def make_run(tmp_path, model, info, metrics):
     run = tmp_path / "run"
     model.save_pretrained(run)
     AutoTokenizer.from_pretrained(bundled.bert_checkpoint_dir()).save_pretrained(run)
-    (run / "hf_mgk_run.json").write_text(json.dumps(info))
     (run / "all_results.json").write_text(json.dumps(metrics))
+    # Recorded as this run's results, as training.save_metrics does.
+    info = {**info, "results": {"all_results.json": sha256_file(run / "all_results.json")}}
+    (run / "hf_mgk_run.json").write_text(json.dumps(info))
     return str(run)
 
 
@@ -276,11 +281,42 @@ def test_refuses_other_runs_and_overwrite_removes_stale_files(run_dir, tmp_path)
         hub.export_run(other, folder, check=False)
     # Exporting into the run itself (or a folder holding it) is refused even with overwrite.
     for target in (other, tmp_path):
-        with pytest.raises(ValueError, match="would replace the run"):
+        with pytest.raises(ValueError, match="the export folder .* (is|contains) the run folder"):
             hub.export_run(other, target, check=False, overwrite=True)
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no saved model"):
         hub.export_run(tmp_path / "empty", tmp_path / "x", check=False)
+
+
+def test_reexport_keeps_the_users_files_and_never_replaces_an_edited_card_silently(run_dir, tmp_path, capsys,
+                                                                                    monkeypatch):
+    folder = tmp_path / "hub"
+    argv = ["--run_dir", run_dir, "--output_dir", str(folder), "--hub_model_id", "me/tiny", "--no_check_remote_code"]
+    publish.main(argv)
+    user = plant(folder, {"my_eval_notes.md": b"accuracy by hand: 0.8\n", "images/plot.png": bytes(range(256))})
+    user["README.md"] = (folder / "README.md").read_bytes() + b"\n## My notes\n\nTrained with care.\n"
+    (folder / "README.md").write_bytes(user["README.md"])
+    capsys.readouterr()
+    # The same export again: the export's own files are rewritten, the user's files and edited card kept, and said.
+    publish.main(argv)
+    out = capsys.readouterr().out
+    assert_kept(folder, user)
+    assert "kept your edited README.md" in out and "kept 2 files" in out and "images/plot.png" in out
+    # --push_to_hub exports first, then uploads the edited card and the user's files.
+    api = RecordingApi()
+    monkeypatch.setattr("huggingface_hub.HfApi", lambda *a, **k: api)
+    result = publish.main(argv + ["--push_to_hub"])
+    assert_kept(folder, user)
+    uploaded = {op.path_in_repo for op in api.calls[2][2]["operations"]}
+    assert {"README.md", "my_eval_notes.md", "images/plot.png", "model.safetensors"} <= uploaded
+    assert uploaded == {rel for rel, _ in result["files"]}
+    # A changed card (another tag) would replace the edited one: refused, nothing written.
+    with pytest.raises(SystemExit, match="README.md was edited after it was exported.*--overwrite"):
+        publish.main(argv + ["--revision_tag", "v2"])
+    assert_kept(folder, user)
+    # --overwrite asks for the new card, and for the old contents to go.
+    publish.main(argv + ["--revision_tag", "v2", "--overwrite"])
+    assert 'revision="v2"' in (folder / "README.md").read_text() and not (folder / "my_eval_notes.md").exists()
 
 
 def test_a_failed_check_leaves_the_folder_as_it_was(run_dir, tmp_path, monkeypatch):

@@ -597,3 +597,32 @@ def test_an_output_folder_of_another_run_is_refused_and_kept(tmp_path, task_runs
         run_glue.main(new_mgk_bert(bert_tokenizer_dir) + ["--task_name", "sst2", "--do_train", "--do_eval",
                                                           "--output_dir", cola_out] + as_args(options) + COMMON)
     assert snapshot(cola_out) == before
+
+
+def test_a_run_starts_from_results_of_its_own_and_publish_shows_only_those(tmp_path, bert_tokenizer_dir, capsys):
+    """Issue 18: --overwrite_output_dir, train only, into a folder of an evaluated run: the old run's eval results
+    go, and the card shows no metric for the new model, which was never evaluated."""
+    spec = importlib.util.spec_from_file_location("publish", os.path.join(ROOT, "scripts", "publish.py"))
+    publish = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(publish)
+    options, _ = task_files(str(tmp_path / "data"), "sst2")
+    out = str(tmp_path / "out")
+    base = new_mgk_bert(bert_tokenizer_dir) + ["--task_name", "sst2", "--output_dir", out] + as_args(options) + COMMON
+    run_glue.main(base + ["--do_train", "--do_eval"])
+    assert "eval_accuracy" in json.load(open(os.path.join(out, "all_results.json")))
+    run_glue.main(base + ["--do_train", "--overwrite_output_dir", "--learning_rate", "1e-3"])
+    assert not os.path.exists(os.path.join(out, "eval_results.json"))
+    assert not [k for k in json.load(open(os.path.join(out, "all_results.json"))) if k.startswith("eval_")]
+    # A results file the run did not write (here: an old run's, put back) is left out of the card, and said so.
+    with open(os.path.join(out, "eval_results.json"), "w") as f:
+        json.dump({"eval_accuracy": 0.9, "eval_loss": 0.3}, f)
+    export = publish.main(["--run_dir", out, "--no_check_remote_code"])["export"]
+    assert export["metrics"] == [] and export["ignored_results"] == ["eval_results.json"]
+    assert "left out of the card: eval_results.json" in capsys.readouterr().out
+    card = open(os.path.join(out, "hub", "README.md")).read()
+    assert "No evaluation results were recorded" in card and "0.9" not in card
+    # Evaluating the run's own saved model in its folder makes its metrics the run's again.
+    evaluated = run_glue.main(["--model_name_or_path", out, "--task_name", "sst2", "--do_eval", "--output_dir", out]
+                              + as_args(options) + COMMON)
+    export = publish.main(["--run_dir", out, "--no_check_remote_code"])["export"]
+    assert export["metrics"] == [("accuracy", "validation", evaluated["eval_accuracy"])]

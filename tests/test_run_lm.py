@@ -20,6 +20,7 @@ from transformers import (AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokeni
 
 import hf_mgk
 from hf_mgk import bundled, training
+from conftest import assert_kept, plant
 from test_trainer import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -526,6 +527,24 @@ def test_resume_refuse_and_overwrite(texts, work, bert_dir, tmp_path):
     assert again["train_loss"] == pytest.approx(sum(losses(out)) / 2, rel=1e-6)
     assert read_json(out / training.RUN_FILE)["identity"]["config_overrides"].count("num_hidden_layers=1") == 1
     assert first["train_loss"] != again["train_loss"]
+
+
+def test_overwrite_output_dir_deletes_only_trainers_checkpoints(texts, work, bert_dir, tmp_path):
+    out = tmp_path / "out"
+    argv = [*new_model("mgk-bert", bert_dir), *common(texts, out, work), "--do_train", "--max_seq_length", "32"]
+    run_mlm.main([*argv, "--save_strategy", "steps", "--save_steps", "2"])
+    assert (out / "checkpoint-2" / "trainer_state.json").is_file()
+    user = plant(out, {"checkpoint-notes/ideas.md": b"lower the lr\n", "checkpoint-7/mine.txt": b"not Trainer's",
+                       "notes.md": b"# run notes\n"})
+    # A checkpoint that is an input of the new run is refused, before anything is deleted.
+    before = snapshot(out)
+    with pytest.raises(ValueError, match="would delete the checkpoint .*checkpoint-2, which is --model_name_or_path"):
+        run_mlm.main(["--model_name_or_path", str(out / "checkpoint-2"), *common(texts, out, work), "--do_train",
+                      "--max_seq_length", "32", "--overwrite_output_dir"])
+    assert snapshot(out) == before
+    run_mlm.main([*argv, "--overwrite_output_dir"])
+    assert not (out / "checkpoint-2").exists()
+    assert_kept(out, user)
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -79,6 +79,11 @@ def movie_review_ratings():
     return path
 
 
+def movie_review_paths(folder):
+    """{split: path} of the files `movie_review_polarity(folder)` writes."""
+    return {split: os.path.join(folder, f"{split}.csv") for split in ("train", "validation")}
+
+
 def movie_review_polarity(folder, held_out_every=5):
     """The movie-review sentences as a binary sentiment task in SST-2's column layout (`sentence`, `label` =
     negative / positive), written to `folder`/train.csv and validation.csv; returns their paths.
@@ -99,9 +104,8 @@ def movie_review_polarity(folder, held_out_every=5):
             split = "validation" if int(parts[0]) % held_out_every == 0 else "train"
             rows[split].append((parts[2], "positive" if float(parts[1]) > 0 else "negative"))
     os.makedirs(folder, exist_ok=True)
-    paths = {}
+    paths = movie_review_paths(folder)
     for split, items in rows.items():
-        paths[split] = os.path.join(folder, f"{split}.csv")
         with open(paths[split], "w", encoding="utf-8", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(["sentence", "label"])

@@ -16,11 +16,12 @@ import textwrap
 
 import torch
 
+from .folders import refuse_holding_inputs, sha256_file
+
 DEFAULT_REVISION = "v1"
 # Beside the exported files, never uploaded: which run the folder holds, so re-exporting the same run may replace
 # it while another run's export (or any other files) is refused unless overwrite is asked for.
 EXPORT_MARKER = ".hf_mgk_export.json"
-RESULTS_FILES = ("all_results.json", "eval_results.json", "train_results.json")
 
 # Auto class of the exported model -> the Hub's pipeline tag and a task name for the model-index.
 PIPELINES = {
@@ -80,16 +81,18 @@ _BLOCK_PACKAGE = textwrap.dedent(
 # ---------------------------------------------------------------------------------------------------- folders
 
 
-def _write_fresh(folder, write, overwrite=False):
-    """Give `folder` exactly the files `write(tmp)` creates in a temporary sibling folder.
+def _write_fresh(folder, write, overwrite=False, replace=None):
+    """Give `folder` the files `write(tmp)` creates in a temporary sibling folder.
 
-    A non-empty folder is refused unless `overwrite`; with it, every old file goes (no stale card or code file of
-    an earlier export survives beside the new ones). The old contents are removed only once `write` has
-    succeeded, so a failed export leaves the folder as it was."""
+    A non-empty folder is refused unless `overwrite` or `replace`. With `overwrite` every old file goes (no stale
+    card or code file of an earlier export survives beside the new ones). With `replace`, the relative paths of
+    an earlier export's own files, only those go: every other file is the user's and stays, and a new file takes
+    the place of an old one of the same name. The old contents are removed only once `write` has succeeded, so a
+    failed export leaves the folder as it was."""
     folder = os.path.abspath(folder)
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise FileExistsError(f"{folder} exists and is not a folder")
-    if os.path.isdir(folder) and os.listdir(folder) and not overwrite:
+    if os.path.isdir(folder) and os.listdir(folder) and not overwrite and replace is None:
         raise FileExistsError(f"{folder} exists and is not empty; pass overwrite=True to replace its contents")
     parent = os.path.dirname(folder)
     os.makedirs(parent, exist_ok=True)
@@ -97,17 +100,31 @@ def _write_fresh(folder, write, overwrite=False):
     try:
         result = write(tmp)
         os.makedirs(folder, exist_ok=True)
-        for name in os.listdir(folder):
-            path = os.path.join(folder, name)
+        if replace is None:
+            old = [os.path.join(folder, name) for name in os.listdir(folder)]
+        else:  # never outside the folder, whatever a (hand-edited) marker lists
+            old = [os.path.join(folder, rel) for rel in replace if not _outside(rel)]
+        for path in old:
             if os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path)
-            else:
+            elif os.path.lexists(path):
                 os.remove(path)
-        for name in os.listdir(tmp):
-            os.replace(os.path.join(tmp, name), os.path.join(folder, name))
+        for rel in _relative_files(tmp):
+            os.makedirs(os.path.dirname(os.path.join(folder, rel)), exist_ok=True)
+            os.replace(os.path.join(tmp, rel), os.path.join(folder, rel))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return result
+
+
+def _outside(rel):
+    return os.path.isabs(rel) or os.path.normpath(rel).split(os.sep)[0] == ".."
+
+
+def _relative_files(folder):
+    """Every file under `folder`, as sorted '/'-separated relative paths."""
+    return sorted(os.path.relpath(os.path.join(root, name), folder).replace(os.sep, "/")
+                  for root, _, names in os.walk(folder) for name in names)
 
 
 def save_for_hub(model, folder, tokenizer=None, overwrite=False):
@@ -144,15 +161,20 @@ def _read_json(path):
 def read_run(run_dir):
     """What the card needs from a training script's --output_dir: `hf_mgk_run.json` (identity, task, dataset,
     base_model, family, versions; any key may be missing), the metrics of all_results.json (else eval_ and
-    train_results.json together) under "results", and the number of optimizer steps under "global_step"."""
-    info = _read_json(os.path.join(run_dir, "hf_mgk_run.json")) or {}
-    results = _read_json(os.path.join(run_dir, RESULTS_FILES[0]))
+    train_results.json together) under "results", and the number of optimizer steps under "global_step".
+
+    Only results files that hf_mgk_run.json records as this run's are read (`training.recorded_results`); the
+    names of the others (an earlier run's, another model's evaluation, an edited file) are under
+    "ignored_results"."""
+    from .training import RUN_FILE, recorded_results
+
+    info = _read_json(os.path.join(run_dir, RUN_FILE)) or {}
+    own, ignored = recorded_results(run_dir)
+    results = own.get("all_results.json")
     if results is None:
-        results = {}
-        for name in RESULTS_FILES[1:]:
-            results.update(_read_json(os.path.join(run_dir, name)) or {})
+        results = {**own.get("eval_results.json", {}), **own.get("train_results.json", {})}
     state = _read_json(os.path.join(run_dir, "trainer_state.json")) or {}
-    return {**info, "results": results, "global_step": state.get("global_step")}
+    return {**info, "results": results, "ignored_results": ignored, "global_step": state.get("global_step")}
 
 
 def card_metrics(results):
@@ -413,23 +435,25 @@ def export_run(run_dir, folder, repo_id=None, revision=DEFAULT_REVISION, overwri
     files, the tokenizer files and README.md, the model card of `model_card` (snippet pinned to `revision`,
     `repo_id` in it; "ORG/NAME" when None).
 
-    `folder` may be replaced when it holds an earlier export of this same run; a non-empty folder holding
-    anything else is refused unless `overwrite=True`, which removes all of its old files. With `check`, the
+    `folder` may not be, or contain, the run or the current directory. An earlier export of this same run there
+    is updated: its own files are replaced, files the user added are kept (summary "kept_files"), and a card the
+    user edited is kept (summary "kept_card") as long as the card this export would write is the one the edit
+    started from; if the run's card has changed since, FileExistsError, and nothing is written. A non-empty
+    folder holding anything else is refused. `overwrite=True` removes all old files instead. With `check`, the
     new folder is loaded in a virtualenv without hf_mgk (`clean_python`) through its Auto class with
     `trust_remote_code=True`, and its outputs on a sample must equal the run's model (else AssertionError, and
     `folder` is left as it was)."""
     run_dir, folder = os.path.realpath(run_dir), os.path.realpath(folder)
     if not os.path.isdir(run_dir):
         raise ValueError(f"the run folder {run_dir} does not exist")
-    if os.path.commonpath([run_dir, folder]) == folder:
-        raise ValueError(f"the export folder {folder} is the run folder {run_dir} or contains it: exporting there "
-                         "would replace the run; choose a new folder (default: <run_dir>/hub)")
+    refuse_holding_inputs(folder, {"the run folder": run_dir}, option="the export folder")
     if revision is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", revision):
         raise ValueError(f"revision tag {revision!r}: use letters, digits, '.', '_' and '-' (e.g. v1)")
     run = read_run(run_dir)
     marker = {"run_dir": run_dir, "identity": run.get("identity")}
     previous = _read_json(os.path.join(folder, EXPORT_MARKER)) if os.path.isdir(folder) else None
-    if os.path.isdir(folder) and os.listdir(folder) and previous != marker and not overwrite:
+    same_run = previous is not None and {key: previous.get(key) for key in marker} == marker
+    if os.path.isdir(folder) and os.listdir(folder) and not same_run and not overwrite:
         held = (f"the export of another run ({previous.get('run_dir')})" if previous
                 else "files that are not an export of this run")
         raise FileExistsError(f"{folder} holds {held}; choose another folder, or pass overwrite=True "
@@ -437,21 +461,55 @@ def export_run(run_dir, folder, repo_id=None, revision=DEFAULT_REVISION, overwri
     model = _load_run_model(run_dir)
     tokenizer = _load_tokenizer(run_dir)
     auto = auto_class_of(model)
+    card = model_card(model, run, repo_id, revision)
+    card_sha256 = hashlib.sha256(card.encode("utf-8")).hexdigest()
+    update = same_run and not overwrite
+    kept_card = update and _keep_edited_card(folder, previous, card_sha256)
 
     def write(tmp):
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        _write_text(os.path.join(tmp, "README.md"), model_card(model, run, repo_id, revision))
-        _write_text(os.path.join(tmp, EXPORT_MARKER), json.dumps(marker, indent=2, sort_keys=True))
+        if not kept_card:
+            _write_text(os.path.join(tmp, "README.md"), card)
+        # What this export wrote: a later export of the same run replaces these and keeps every other file.
+        files = sorted(set(_relative_files(tmp)) | {"README.md"})
+        _write_text(os.path.join(tmp, EXPORT_MARKER), json.dumps(
+            {**marker, "files": files, "card_sha256": card_sha256}, indent=2, sort_keys=True))
         if check:
             inputs = dict(tokenizer(CHECK_TEXT, return_tensors="pt"))
             with torch.no_grad():
                 reference = _first_output(model(**inputs))
             check_remote_code(tmp, inputs, auto_class=auto, reference=reference, python=clean_python())
+        return files
 
-    _write_fresh(folder, write, overwrite=True)
+    replace = None
+    if update:  # a marker that lists no files (older hf-mgk): the new files replace their namesakes only
+        replace = [rel for rel in previous.get("files") or [] if not (kept_card and rel == "README.md")]
+    files = _write_fresh(folder, write, overwrite=True, replace=replace)
+    kept = [rel for rel in _relative_files(folder) if rel not in files and rel != EXPORT_MARKER]
     return {"folder": folder, "model_class": type(model).__name__, "auto_class": auto,
-            "pipeline_tag": PIPELINES[auto][0], "metrics": card_metrics(run["results"]), "checked": check}
+            "pipeline_tag": PIPELINES[auto][0], "metrics": card_metrics(run["results"]), "checked": check,
+            "kept_files": kept, "kept_card": kept_card, "ignored_results": run["ignored_results"]}
+
+
+def _keep_edited_card(folder, previous, card_sha256):
+    """Whether the README.md of an earlier export of this run is an edit of the card to keep: it differs from
+    the card that export wrote (the marker's hash), and the new card is that same card. An edited card that
+    the new one would replace (the run's metrics, the tag or the repo id changed) is refused, never replaced
+    silently."""
+    path = os.path.join(folder, "README.md")
+    if not os.path.isfile(path):
+        return False
+    now = sha256_file(path)
+    if now in (previous.get("card_sha256"), card_sha256):  # not edited, or already the new card
+        return False
+    if previous.get("card_sha256") == card_sha256:
+        return True
+    raise FileExistsError(
+        f"{path} was edited after it was exported, and the card of this export differs from the one you edited "
+        "(the run's metrics, --revision_tag or --hub_model_id changed): nothing was written. Copy your edits, "
+        "then pass --overwrite (overwrite=True) to replace the folder's contents with the new export, or export "
+        "into another --output_dir")
 
 
 # ------------------------------------------------------------------------------------------------------- upload
@@ -460,14 +518,8 @@ def export_run(run_dir, folder, repo_id=None, revision=DEFAULT_REVISION, overwri
 def upload_plan(folder):
     """[(path in the repo, size in bytes)] of every file `push_folder` uploads: all files under `folder` but the
     export marker, sorted. The dry run prints this very list."""
-    plan = []
-    for root, _, files in os.walk(folder):
-        for name in files:
-            path = os.path.join(root, name)
-            rel = os.path.relpath(path, folder).replace(os.sep, "/")
-            if rel != EXPORT_MARKER:
-                plan.append((rel, os.path.getsize(path)))
-    return sorted(plan)
+    return [(rel, os.path.getsize(os.path.join(folder, rel))) for rel in _relative_files(folder)
+            if rel != EXPORT_MARKER]
 
 
 def network_errors():

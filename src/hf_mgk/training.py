@@ -29,10 +29,14 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from .configuration_fish_gpt2 import FISH_ATTENTION_TYPES
 from .configuration_mgk import MGK_ATTENTION_TYPES
+from .folders import refuse_holding_inputs, sha256_file, trainer_checkpoints
 
 logger = logging.getLogger("hf_mgk.training")
 
 RUN_FILE = "hf_mgk_run.json"
+# What Trainer.save_metrics writes: <split>_results.json, and all_results.json, which it reads and updates (so an
+# earlier run's would carry that run's metrics into the new one's).
+RESULTS_FILES = ("all_results.json", "train_results.json", "eval_results.json", "predict_results.json")
 
 # A stock checkpoint's model_type -> the hf-mgk families that warm-start from it, the default first.
 STOCK_FAMILIES = {"bert": ("mgk-bert",), "gpt2": ("fish-gpt2", "mgk-gpt2"), "roberta": ("nprf-roberta",)}
@@ -179,9 +183,9 @@ class HfMgkTrainingArguments(TrainingArguments):
     """transformers' TrainingArguments plus the example scripts' `--overwrite_output_dir` (gone from v5)."""
 
     overwrite_output_dir: bool = field(default=False, metadata={"help": (
-        "Start a new run in --output_dir even if it holds checkpoints or another run (its checkpoints are "
-        "deleted). Without it a run resumes from the folder's last checkpoint, and a folder holding a different "
-        "run is refused.")})
+        "Start a new run in --output_dir even if it holds checkpoints or another run (Trainer's checkpoints, the "
+        "checkpoint-<step> folders holding a trainer_state.json, are deleted; other files stay). Without it a run "
+        "resumes from the folder's last checkpoint, and a folder holding a different run is refused.")})
 
 
 def parse_args(data_class, argv=None):
@@ -466,7 +470,8 @@ def prepare_output_dir(training_args, identity):
     - `--resume_from_checkpoint PATH` resumes from PATH;
     - a folder with checkpoints of the same run (same `hf_mgk_run.json`) resumes from the last one;
     - a folder holding another run, or files but no checkpoint, is refused unless `--overwrite_output_dir`,
-      which deletes its checkpoints and starts anew."""
+      which deletes Trainer's checkpoints in it (`folders.trainer_checkpoints`: not a user's `checkpoint-notes/`,
+      nor one that is an input of this run) and starts anew."""
     out = training_args.output_dir
     if training_args.resume_from_checkpoint is not None:
         if not os.path.isdir(training_args.resume_from_checkpoint):
@@ -476,9 +481,13 @@ def prepare_output_dir(training_args, identity):
         return None
     if training_args.overwrite_output_dir:
         if training_args.process_index == 0:
-            for name in os.listdir(out):
-                if name.startswith("checkpoint-") and os.path.isdir(os.path.join(out, name)):
-                    shutil.rmtree(os.path.join(out, name))
+            checkpoints = trainer_checkpoints(out)
+            inputs = {f"--{key}": identity.get(key) for key in ("model_name_or_path", "config_name", "train_file",
+                                                                "validation_file")}
+            for checkpoint in checkpoints:  # all checked before any is deleted
+                refuse_holding_inputs(checkpoint, inputs, option="--overwrite_output_dir would delete the checkpoint")
+            for checkpoint in checkpoints:
+                shutil.rmtree(checkpoint)
         return None
     saved = read_run_identity(out)
     if saved is not None and saved != identity:
@@ -497,29 +506,74 @@ def prepare_output_dir(training_args, identity):
 
 
 def read_run_identity(folder):
+    record = _read_run_file(folder)
+    return None if record is None else record["identity"]
+
+
+def write_run_info(training_args, identity, **info):
+    """`hf_mgk_run.json`: the run's identity (checked on resume) and facts the model card uses. Called as training
+    starts, which also starts the run's results anew: results files of an earlier run (or of this run's model
+    before this training) are removed, and none is recorded as this run's yet (`save_metrics` records them)."""
+    if training_args.process_index != 0:
+        return
+    out = training_args.output_dir
+    os.makedirs(out, exist_ok=True)
+    import torch
+
+    stale = [name for name in RESULTS_FILES if os.path.isfile(os.path.join(out, name))]
+    for name in stale:
+        os.remove(os.path.join(out, name))
+    if stale:
+        logger.info("removed %s of the earlier training in %s: a run's results are its own", ", ".join(stale), out)
+    path = os.path.join(out, RUN_FILE)
+    previous = _read_run_file(out) or {}
+    record = {**previous, "identity": identity, **info, "results": {}, "hf_mgk_version": _package().__version__,
+              "transformers_version": transformers.__version__, "torch_version": torch.__version__}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=2, sort_keys=True)
+
+
+def _read_run_file(folder):
     path = os.path.join(folder, RUN_FILE)
     if not os.path.isfile(path):
         return None
     with open(path, encoding="utf-8") as f:
-        return json.load(f)["identity"]
+        return json.load(f)
 
 
-def write_run_info(training_args, identity, **info):
-    """`hf_mgk_run.json`: the run's identity (checked on resume) and facts the model card uses."""
-    if training_args.process_index != 0:
+def save_metrics(trainer, split, metrics):
+    """`trainer.save_metrics`, then the hashes of the files it wrote go into hf_mgk_run.json when they measure
+    this run's model: one trained by this process, or the run's saved model evaluated in its own folder. Publish
+    shows only recorded results (`recorded_results`), never an earlier run's or another model's."""
+    trainer.save_metrics(split, metrics)
+    out = trainer.args.output_dir
+    source = getattr(trainer.model, "name_or_path", None)
+    this_run = trainer.state.global_step > 0 or (bool(source) and os.path.realpath(source) == os.path.realpath(out))
+    record = _read_run_file(out)
+    if not trainer.is_world_process_zero() or not this_run or record is None:
         return
-    os.makedirs(training_args.output_dir, exist_ok=True)
-    import torch
-
-    path = os.path.join(training_args.output_dir, RUN_FILE)
-    previous = {}
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            previous = json.load(f)
-    record = {**previous, "identity": identity, **info, "hf_mgk_version": _package().__version__,
-              "transformers_version": transformers.__version__, "torch_version": torch.__version__}
-    with open(path, "w", encoding="utf-8") as f:
+    written = (f"{split}_results.json", "all_results.json")
+    record.setdefault("results", {}).update({name: sha256_file(os.path.join(out, name)) for name in written})
+    with open(os.path.join(out, RUN_FILE), "w", encoding="utf-8") as f:
         json.dump(record, f, indent=2, sort_keys=True)
+
+
+def recorded_results(folder):
+    """({file name: its metrics} of the results files in `folder` that its hf_mgk_run.json records as this run's,
+    [names of the other results files there]). A file is the run's only if its content hash is the one recorded
+    when the scripts wrote it: an earlier run's file, another model's evaluation or an edited file is not."""
+    recorded = (_read_run_file(folder) or {}).get("results") or {}
+    own, other = {}, []
+    for name in RESULTS_FILES:
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            continue
+        if recorded.get(name) == sha256_file(path):
+            with open(path, encoding="utf-8") as f:
+                own[name] = json.load(f)
+        else:
+            other.append(name)
+    return own, other
 
 
 def train_and_save(trainer, checkpoint, n_train):
@@ -528,7 +582,7 @@ def train_and_save(trainer, checkpoint, n_train):
     trainer.save_model()
     metrics = {**result.metrics, "train_samples": n_train}
     trainer.log_metrics("train", metrics)
-    trainer.save_metrics("train", metrics)
+    save_metrics(trainer, "train", metrics)
     trainer.save_state()
     return metrics
 
@@ -543,7 +597,7 @@ def evaluate_and_save(trainer, dataset, n_samples, prefix="eval", with_perplexit
         metrics["perplexity"] = perplexity(metrics[f"{prefix}_loss"])
     metrics.update({f"{prefix}_{k}": v for k, v in extra.items()})
     trainer.log_metrics(prefix, metrics)
-    trainer.save_metrics(prefix, metrics)
+    save_metrics(trainer, prefix, metrics)
     return metrics
 
 
