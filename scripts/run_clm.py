@@ -77,6 +77,7 @@ def main(argv=None):
     block_size = training.sequence_length(data_args.block_size, "--block_size", tokenizer, model.config)
 
     raw = training.needed_splits(training.load_raw_datasets(data_args, model_args), training_args)
+    training.require_text(raw, data_args)
     blocks = training.tokenize_into_blocks(raw, tokenizer, block_size, "--block_size", data_args, training_args,
                                            labels=True)
     train_dataset = training.take(blocks["train"], data_args.max_train_samples) if training_args.do_train else None
