@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 
+from hf_mgk import __main__ as hf_mgk_main
 from hf_mgk import qa, training
 from test_run_glue import COMMON as GLUE_COMMON
 from test_run_glue import TINY_BERT, bert_tokenizer_dir, run_glue  # noqa: F401 (a fixture)
@@ -184,3 +185,18 @@ def test_a_half_written_last_checkpoint_is_named_with_the_one_to_resume(texts, w
     # The advice works: resumed from checkpoint-1, the run saves checkpoint-2 anew.
     run_mlm.main([*argv, "--resume_from_checkpoint", str(out / "checkpoint-1")])
     assert training.incomplete_checkpoint(str(last)) is None
+
+
+# ---------------------------------------------------------------------------------------- python -m hf_mgk
+
+@pytest.mark.parametrize("args, message", [
+    (["DIR"], "shakespeare FILE: DIR is a folder"),
+    (["DIR/plays.txt", "two"], "N is how many plays to write, a whole number >= 1; got 'two'"),
+], ids=["a-folder", "N=two"])
+def test_shakespeare_with_a_folder_or_a_word_for_n_is_named(args, message, tmp_path):
+    args = [a.replace("DIR", str(tmp_path)) for a in args]
+    with pytest.raises(SystemExit) as exit_info:
+        hf_mgk_main.main(["shakespeare", *args])
+    assert isinstance(exit_info.value.code, str)  # exit status 1, the message on stderr
+    assert message.replace("DIR", str(tmp_path)) in exit_info.value.code
+    assert os.listdir(tmp_path) == []
