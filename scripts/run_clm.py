@@ -114,6 +114,7 @@ def main(argv=None):
                          f"--block_size not given): give 1..{block_size}")
 
     raw = training.needed_splits(training.load_raw_datasets(data_args, model_args), training_args)
+    training.require_text(raw, data_args)
     tokenized = training.tokenize_texts(raw, tokenizer, data_args, training_args)
     blocks = training.group_into_blocks(tokenized, block_size, "--block_size", data_args, training_args, labels=True)
     train_dataset = training.take(blocks["train"], data_args.max_train_samples) if training_args.do_train else None

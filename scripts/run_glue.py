@@ -115,8 +115,7 @@ class DataTrainingArguments(training.DataArguments):
                 continue
             if self.task_name != "mnli" or self.dataset_name is not None:
                 raise ValueError(f"--{name} goes only with --task_name mnli and local files")
-            if not os.path.isfile(path):
-                raise ValueError(f"--{name} {path} does not exist")
+            training.check_data_file(f"--{name}", path)
         if self.max_seq_length < 1:
             raise ValueError(f"--max_seq_length must be >= 1; got {self.max_seq_length}")
 
@@ -139,16 +138,6 @@ def load_data(data_args, model_args, training_args):
     if data_args.task_name == "mnli" and training_args.do_predict:
         raw["ax"] = training.hub_dataset(data_args.dataset_name, "ax", split="test", **hub)
     return raw
-
-
-def describe(data_args, split):
-    """Where a split comes from, for error messages."""
-    if data_args.from_glue_hub or data_args.dataset_name is not None:
-        return f"the {split!r} split of {data_args.dataset_name}/{data_args.dataset_config_name}"
-    path = getattr(data_args, f"{split}_file", None)
-    if path is None and split in ("train", "validation"):  # validation held out of the training file
-        return f"the {split} part of --train_file {data_args.train_file}"
-    return f"--{split}_file {path}"
 
 
 def class_names(dataset):
@@ -204,7 +193,7 @@ def task_labels(raw, data_args):
         raise ValueError("your own task (no --task_name) takes its labels from --train_file or --validation_file: "
                          "give one")
     dataset = raw[split]
-    training.require_columns(dataset, ["label"], describe(data_args, split))
+    training.require_columns(dataset, ["label"], training.describe_split(data_args, split))
     if class_names(dataset) is not None:
         return list(class_names(dataset))
     if dataset.features["label"].dtype in ("float32", "float64"):
@@ -367,9 +356,10 @@ def check_data(raw, splits, data_args):
     lookups = {}
     for split, dataset in splits.items():
         labelled = not split.startswith("test") and split != "ax"  # test labels are -1 or absent
-        training.require_columns(dataset, keys + (["label"] if labelled else []), describe(data_args, split))
+        where = training.describe_split(data_args, split)
+        training.require_columns(dataset, keys + (["label"] if labelled else []), where)
         if labelled:
-            lookups[split] = label_lookup(dataset, label_list, task, describe(data_args, split))
+            lookups[split] = label_lookup(dataset, label_list, task, where)
     return label_list, keys, lookups
 
 

@@ -127,17 +127,28 @@ def prepare_datasets(raw, tokenizer, max_seq_length, data_args, training_args):
                                              training_args, keep_short=True, return_special_tokens_mask=True)
     column = training.text_column(next(iter(raw.values())))
     padding = "max_length" if data_args.pad_to_max_length else False
+    # Blank lines are dropped before tokenizing: a batch of them only would give the tokenizer an empty list.
+    with training_args.main_process_first(desc="dropping blank lines"):
+        raw = raw.filter(lambda batch: [bool(line and line.strip()) for line in batch[column]], batched=True,
+                         load_from_cache_file=not data_args.overwrite_cache, desc="dropping blank lines")
 
     def tokenize(batch):
-        lines = [line for line in batch[column] if line and not line.isspace()]
-        return tokenizer(lines, padding=padding, truncation=True, max_length=max_seq_length,
+        return tokenizer(batch[column], padding=padding, truncation=True, max_length=max_seq_length,
                          return_special_tokens_mask=True)
 
-    lines = training.map_splits(raw, tokenize, data_args, training_args, "tokenizing line by line")
-    for split, ds in lines.items():
-        if len(ds) == 0:
-            raise ValueError(f"the {split} data has no non-empty line (--line_by_line)")
-    return lines
+    return training.map_splits(raw, tokenize, data_args, training_args, "tokenizing line by line")
+
+
+def require_masked_tokens(collator, dataset, where, batch_size=64):
+    """Evaluation scores the masked tokens, the same ones every time: a set too small to have one would train and
+    then fail in the metric ("Found empty input array"). Checked before training; stops at the first batch with one."""
+    for start in range(0, len(dataset), batch_size):
+        batch = collator([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
+        if (batch["labels"] != -100).any():
+            return
+    n_tokens = sum(len(mask) - sum(mask) for mask in dataset["special_tokens_mask"])
+    raise ValueError(f"{where} is too little to evaluate on: masking --mlm_probability {collator.mlm_probability} of "
+                     f"its {n_tokens} tokens (special tokens not counted) masks none. Give more evaluation text")
 
 
 def main(argv=None):
@@ -161,6 +172,7 @@ def main(argv=None):
                                               model.config)
 
     raw = training.needed_splits(training.load_raw_datasets(data_args, model_args), training_args)
+    training.require_text(raw, data_args)
     processed = prepare_datasets(raw, tokenizer, max_seq_length, data_args, training_args)
     train_dataset = training.take(processed["train"], data_args.max_train_samples) if training_args.do_train else None
     eval_dataset = training.take(processed["validation"], data_args.max_eval_samples) if training_args.do_eval else None
@@ -170,6 +182,8 @@ def main(argv=None):
     collator = ExampleSeededMasking(tokenizer=tokenizer, mlm_probability=data_args.mlm_probability,
                                     pad_to_multiple_of=8 if pad_to_multiple_of_8 else None,
                                     mask_seed=training_args.seed)
+    if training_args.do_eval:
+        require_masked_tokens(collator, eval_dataset, training.describe_split(data_args, "validation"))
     trainer = MaskedLMTrainer(
         model=model, args=training_args, train_dataset=train_dataset, eval_dataset=eval_dataset,
         processing_class=tokenizer, data_collator=collator, callbacks=[MaskEpochCallback(collator)],

@@ -310,7 +310,7 @@ def test_clm_text_shorter_than_a_block(texts, work, gpt2_dir, tmp_path):
     out = tmp_path / "out"
     argv = [*new_model("fish-gpt2", gpt2_dir), *common(texts, out, work), "--do_train", "--block_size", "64"]
     argv[argv.index("--train_file") + 1] = str(short)
-    with pytest.raises(ValueError, match=f"the train text has {n_tokens} tokens, not enough for one block of 64 "
+    with pytest.raises(ValueError, match=f"--train_file {short} has {n_tokens} tokens, not enough for one block of 64 "
                                          r"tokens \(--block_size 64\)"):
         run_clm.main(argv)
     assert not out.exists()

@@ -12,13 +12,22 @@ _COMMANDS = {
              lambda args: bert_checkpoint_dir()),
     "gpt2-tokenizer": ("print a GPT-2 tokenizer folder", lambda args: gpt2_tokenizer_dir()),
     "roberta-tokenizer": ("print a RoBERTa-layout tokenizer folder", lambda args: roberta_tokenizer_dir()),
-    "shakespeare": ("FILE [N]: write the plays (the first N) into FILE", lambda args: write_shakespeare(
-        args[0], first=int(args[1]) if len(args) > 1 else None)),
+    "shakespeare": ("FILE [N]: write the plays (the first N) into FILE", lambda args: _shakespeare(*args[:2])),
     "movie-reviews": ("DIR: write the movie-review polarity task as DIR/train.csv and DIR/validation.csv",
                       lambda args: os.path.dirname(movie_review_polarity(args[0])["train"])),
 }
 # The files a command writes: an existing one is the user's, replaced only with --overwrite.
 _WRITES = {"shakespeare": lambda args: [args[0]], "movie-reviews": lambda args: movie_review_paths(args[0]).values()}
+
+
+def _shakespeare(path, n=None):
+    # Checked here: write_shakespeare would fail with a bare IsADirectoryError or int()'s ValueError.
+    if os.path.isdir(path):
+        raise SystemExit(f"error: shakespeare FILE: {path} is a folder; give a file in it, e.g. "
+                         f"{os.path.join(path, 'plays.txt')}")
+    if n is not None and not (n.isdigit() and int(n) >= 1):
+        raise SystemExit(f"error: shakespeare FILE N: N is how many plays to write, a whole number >= 1; got {n!r}")
+    return write_shakespeare(path, first=None if n is None else int(n))
 
 
 def main(argv=None):

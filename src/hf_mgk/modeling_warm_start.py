@@ -185,8 +185,8 @@ class HeadSelectionMixin:
         available, head_dim = ckpt.num_attention_heads, ckpt.attention_head_size
         if given is not None and count == available:
             count = None  # the checkpoint's own config (as Auto classes pass it): the count comes from keep_heads
-        if keep_heads is None and (count is None or count >= available):
-            return None  # the checkpoint's heads (unchanged loading), or more: HF reports the size mismatch
+        if keep_heads is None and (count is None or count == available):
+            return None  # the checkpoint's heads: unchanged loading (more heads fail in resolve_keep_heads below)
         asked_dim = given.head_dim if given is not None else kwargs.get("head_dim")
         if asked_dim is not None and asked_dim != head_dim:
             raise ValueError(

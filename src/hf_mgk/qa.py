@@ -27,6 +27,8 @@ import numpy as np
 from transformers import Trainer
 from transformers.trainer_utils import EvalPrediction, PredictionOutput, speed_metrics
 
+from .training import first_bad_line
+
 logger = logging.getLogger("hf_mgk.qa")
 
 # The flat layout every split is brought to (the layout of the `squad` / `squad_v2` datasets on the Hub).
@@ -91,10 +93,14 @@ def _answers(value, where):
 
 def _read_rows(path):
     ext = path.rsplit(".", 1)[-1].lower()
-    with open(path, encoding="utf-8", newline="" if ext == "csv" else None) as f:
-        if ext == "csv":
-            return list(csv.DictReader(f))
-        text = f.read()
+    try:
+        with open(path, encoding="utf-8", newline="" if ext == "csv" else None) as f:
+            if ext == "csv":  # strict: a quote that never closes is an error, not one field running to the end
+                return list(csv.DictReader(f, strict=True))
+            text = f.read()
+    except (UnicodeDecodeError, csv.Error) as err:
+        reason = first_bad_line(path, "," if ext == "csv" else None) or f"{type(err).__name__}: {err}"
+        raise ValueError(f"{path} cannot be read: {reason}") from None
     if ext == "json":
         try:
             obj = json.loads(text)

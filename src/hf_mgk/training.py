@@ -11,6 +11,7 @@ Beyond upstream: an output folder that holds a *different* run is refused (the r
 typo is an error, not a silently ignored attribute), and `--attention_overrides` / `--keep_heads` choose the
 attention of a warm start."""
 
+import csv
 import dataclasses
 import functools
 import itertools
@@ -124,6 +125,8 @@ class ModelArguments:
         if self.model_name_or_path is None and self.model_type is None and self.config_name is None:
             raise ValueError("give --model_name_or_path (a checkpoint to start from) or --model_type (a new model, "
                              f"one of {', '.join(sorted(FAMILY_CONFIGS))})")
+        if self.model_name_or_path is not None:
+            check_model_folder(self.model_name_or_path)
         if self.family is not None and self.model_name_or_path is None:
             raise ValueError("--family goes only with --model_name_or_path (the family a stock checkpoint "
                              "warm-starts); for a new model use --model_type")
@@ -167,9 +170,7 @@ class DataArguments:
                 and getattr(self, "test_file", None) is None):  # run_qa.py predicts from --test_file alone
             raise ValueError("give --dataset_name (a Hub dataset) or --train_file / --validation_file (local files)")
         for name in ("train_file", "validation_file", "test_file"):
-            path = getattr(self, name, None)
-            if path is not None and not os.path.isfile(path):
-                raise ValueError(f"--{name} {path} does not exist")
+            check_data_file(f"--{name}", getattr(self, name, None))
         if not 0 < self.validation_split_percentage < 100:
             raise ValueError(f"--validation_split_percentage must be in 1..99; got {self.validation_split_percentage}")
         for name in ("max_train_samples", "max_eval_samples", "max_predict_samples"):
@@ -258,6 +259,101 @@ def _parse_heads(text):
         return [int(h) for h in text.split(",")]
     except ValueError:
         raise ValueError(f"--keep_heads must be comma-separated head indices like '0,2,4'; got {text!r}") from None
+
+
+# The user's files, checked before anything runs: transformers and datasets report a bad one deep in their code,
+# often without its path ("install sentencepiece", "Repo id must be ...", "incomplete metadata").
+
+
+def check_data_file(option, path):
+    """A data file (`option`, e.g. "--train_file") that is missing or 0 bytes is an error naming it."""
+    if path is None:
+        return
+    if not os.path.isfile(path):
+        raise ValueError(f"{option} {path} does not exist")
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"{option} {path} is empty (0 bytes)")
+
+
+def check_model_folder(path, option="--model_name_or_path"):
+    """A local checkpoint folder that is missing, has no config.json (empty, or saving never finished) or holds an
+    unreadable weights file is an error naming it. A name that does not exist and could be a Hub id is left to the
+    Hub."""
+    if not os.path.exists(path):
+        # A Hub id is `name` or `owner/name`: anything else can only be a local path.
+        if os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1:
+            raise ValueError(f"{option} {path} does not exist")
+        return
+    if not os.path.isdir(path):
+        raise ValueError(f"{option} {path} is a file; give the folder of a saved model (the one with config.json)")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ValueError(f"{option} {path} has no config.json, so it holds no saved model (an empty folder, or one "
+                         "whose saving did not finish)")
+    problem = damaged_weights(path)
+    if problem is not None:
+        raise ValueError(f"{option} {path}: {problem}")
+
+
+def damaged_weights(folder):
+    """What is wrong with the folder's first unreadable .safetensors file, or None. Opening one reads only its
+    header, which also finds a file cut short (the header's sizes no longer cover it)."""
+    from safetensors import SafetensorError, safe_open
+
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors"):
+            try:
+                with safe_open(os.path.join(folder, name), "pt"):
+                    pass
+            except SafetensorError as err:
+                return f"{name} cannot be read ({err}): it is truncated or damaged; save or download it again"
+    return None
+
+
+def incomplete_checkpoint(folder):
+    """Why a Trainer checkpoint cannot be resumed from, or None. Trainer writes trainer_state.json last, so a run
+    killed while saving leaves it missing or cut short."""
+    try:
+        with open(os.path.join(folder, "trainer_state.json"), encoding="utf-8") as f:
+            json.load(f)
+    except FileNotFoundError:
+        return "it has no trainer_state.json"
+    except (ValueError, UnicodeDecodeError):  # json.JSONDecodeError is a ValueError
+        return "its trainer_state.json is cut short"
+    return None
+
+
+def trainer_checkpoints(folder):
+    """The checkpoint-<step> folders of `folder`, oldest first."""
+    steps = {}
+    for name in os.listdir(folder):
+        step = name[len("checkpoint-"):]
+        if name.startswith("checkpoint-") and step.isdigit() and os.path.isdir(os.path.join(folder, name)):
+            steps[int(step)] = os.path.join(folder, name)
+    return [steps[s] for s in sorted(steps)]
+
+
+def first_bad_line(path, delimiter=None):
+    """"line N ..." saying what is wrong with the first line of a text file that is not UTF-8 or, with a CSV
+    `delimiter`, starts a row Python's strict CSV reader refuses (a quote that never closes); None when neither.
+    For error messages: datasets reports these without a line, or not at all."""
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):  # a UTF-8 character never spans a newline
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as err:
+                return (f"line {number} is not UTF-8 (byte {line[err.start]:#04x} at position {err.start + 1}); "
+                        "save the file as UTF-8")
+    if delimiter is None:
+        return None
+    with open(path, encoding="utf-8", newline="") as f:
+        reader = csv.reader(f, delimiter=delimiter, strict=True)
+        start = 1
+        try:
+            for _ in reader:
+                start = reader.line_num + 1
+        except csv.Error as err:
+            return f"line {start} starts a row that is not valid CSV ({err}): a field that opens a quote must close it"
+    return None
 
 
 def _package():
@@ -408,21 +504,37 @@ def load_raw_datasets(data_args, model_args, extension_map=None, splits=("train"
     if len(builders) > 1:
         raise ValueError(f"the data files must be of one type; got {', '.join(files.values())}")
     builder, tsv = builders.pop()
-    options = {"delimiter": "\t"} if tsv else {}
+    # GLUE's TSVs are unquoted and GLUE's own readers read them with quoting off; with it on, a field that opens a
+    # quote silently swallows the rows up to the next quote.
+    options = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if tsv else {}
     if builder == "text":
         options["keep_linebreaks"] = True
+    pct = data_args.validation_split_percentage
 
     # One file at a time: loaded together, datasets casts every file to the first one's columns (a column missing
     # from a later file is filled with None, one missing from the first fails with an obscure error).
-    def load(path, part="data"):
-        return datasets.load_dataset(builder, data_files={"data": path}, split=part, cache_dir=model_args.cache_dir,
-                                     **options)
+    def load(split, part="data"):
+        path = files[split]
+        try:
+            return datasets.load_dataset(builder, data_files={"data": path}, split=part,
+                                         cache_dir=model_args.cache_dir, **options)
+        except datasets.exceptions.DatasetGenerationError as err:  # its message names neither file nor line
+            reason = (first_bad_line(path, "," if builder == "csv" and not tsv else None)
+                      or f"{type(err.__cause__).__name__}: {err.__cause__}")
+            raise ValueError(f"--{split}_file {path} cannot be read: {reason}") from None
+        except ValueError as err:
+            if "corresponds to no data" not in str(err):  # datasets' words for a split with no rows
+                raise
+            if part == "data":
+                raise ValueError(f"--{split}_file {path} has no rows (a header only?)") from None
+            raise ValueError(f"--validation_split_percentage {pct} of the rows of --train_file {path} leaves no row "
+                             f"for {'validation' if part.startswith('data[:') else 'training'}: give a "
+                             "--validation_file, more rows, or another percentage") from None
 
-    raw = datasets.DatasetDict({split: load(path) for split, path in files.items()})
+    raw = datasets.DatasetDict({split: load(split) for split in files})
     if "validation" not in raw and "train" in raw:
-        pct = data_args.validation_split_percentage
-        raw["validation"] = load(files["train"], f"data[:{pct}%]")
-        raw["train"] = load(files["train"], f"data[{pct}%:]")
+        raw["validation"] = load("train", f"data[:{pct}%]")
+        raw["train"] = load("train", f"data[{pct}%:]")
     return raw
 
 
@@ -443,6 +555,17 @@ def require_columns(dataset, columns, where):
     if missing:
         raise ValueError(f"{where} has no column {', '.join(repr(c) for c in missing)}; its columns are "
                          f"{', '.join(repr(c) for c in dataset.column_names)}")
+
+
+def describe_split(data_args, split):
+    """Where a split comes from, for error messages: its file and option, or the Hub dataset."""
+    if data_args.dataset_name is not None:
+        name = "/".join(n for n in (data_args.dataset_name, data_args.dataset_config_name) if n)
+        return f"the {split!r} split of {name}"
+    path = getattr(data_args, f"{split}_file", None)
+    if path is None and split in ("train", "validation"):  # validation held out of the training file
+        return f"the {split} part of --train_file {data_args.train_file}"
+    return f"--{split}_file {path}"
 
 
 def take(dataset, limit):
@@ -476,6 +599,10 @@ def prepare_output_dir(training_args, identity):
     if training_args.resume_from_checkpoint is not None:
         if not os.path.isdir(training_args.resume_from_checkpoint):
             raise ValueError(f"--resume_from_checkpoint {training_args.resume_from_checkpoint} is not a folder")
+        problem = incomplete_checkpoint(training_args.resume_from_checkpoint)
+        if problem is not None:
+            raise ValueError(f"--resume_from_checkpoint {training_args.resume_from_checkpoint} is incomplete "
+                             f"({problem}): its saving did not finish; resume from an earlier checkpoint")
         return training_args.resume_from_checkpoint
     if not training_args.do_train or not os.path.isdir(out) or not os.listdir(out):
         return None
@@ -501,6 +628,13 @@ def prepare_output_dir(training_args, identity):
             raise ValueError(f"--output_dir {out} exists and is not empty, and holds no checkpoint of this run. Use "
                              "another --output_dir, or --overwrite_output_dir to train into it anyway")
         return None  # the same run finished (or stopped before its first checkpoint): train again from the start
+    problem = incomplete_checkpoint(last)
+    if problem is not None:  # the run was killed while saving it: Trainer would fail on a missing file
+        earlier = [c for c in trainer_checkpoints(out) if c != last and incomplete_checkpoint(c) is None]
+        advice = (f"resume from the one before with --resume_from_checkpoint {earlier[-1]} (or delete {last})"
+                  if earlier else "no earlier checkpoint is complete: start anew with --overwrite_output_dir")
+        raise ValueError(f"--output_dir {out}: its last checkpoint {last} is incomplete ({problem}; the run stopped "
+                         f"while saving it): {advice}")
     logger.info("resuming from %s (pass --overwrite_output_dir to start anew)", last)
     return last
 
@@ -705,6 +839,17 @@ def needed_splits(raw, training_args):
         raise ValueError(f"{option} needs {split} data (--dataset_name, or --{split}_file)")
     return datasets.DatasetDict({s: raw[s] for s, wanted in needed.items() if wanted})
 
+
+def require_text(raw, data_args):
+    """A split of blank lines only is an error naming its file: a masked LM would train on blocks of special tokens
+    alone (a loss of 0, exit code 0), --line_by_line would have no example, a causal LM would learn newlines."""
+    for split, ds in raw.items():
+        column = text_column(ds)
+        if not any(isinstance(text, str) and text.strip()
+                   for batch in ds.iter(batch_size=1000) for text in batch[column]):
+            raise ValueError(f"{describe_split(data_args, split)} holds no text: its {len(ds)} lines are all blank")
+
+
 def text_column(dataset):
     """The column of the texts, as upstream: "text", else the first one."""
     return "text" if "text" in dataset.column_names else dataset.column_names[0]
@@ -750,8 +895,8 @@ def group_into_blocks(tokenized, block_size, option, data_args, training_args, k
     for split, ds in blocks.items():
         if len(ds) == 0:
             n_tokens = sum(map(len, tokenized[split]["input_ids"]))
-            raise ValueError(f"the {split} text has {n_tokens} tokens, not enough for one block of {block_size} "
-                             f"tokens ({option} {block_size}): give more text or a smaller {option}")
+            raise ValueError(f"{describe_split(data_args, split)} has {n_tokens} tokens, not enough for one block of "
+                             f"{block_size} tokens ({option} {block_size}): give more text or a smaller {option}")
     return blocks
 
 
