@@ -297,7 +297,9 @@ def run_claim(claim, args, passthrough):
     start = time.time()
     jobs = [(arm, seed) for arm in claim.arms for seed in args.seeds]
     results = {}
-    if args.jobs == 1:
+    # The head analyses load models in this process: transformers' from_pretrained is not thread-safe (a device run
+    # in threads saw tied LM heads reported missing), so they run one at a time.
+    if args.jobs == 1 or claim.kind == "heads":
         for arm, seed in jobs:
             results[(arm.name, seed)] = run_one(claim, arm, seed, args, data, passthrough, base)
     else:

@@ -26,13 +26,19 @@ def refuse_holding_inputs(folder, inputs, option="--output_dir"):
                              f"{'it' if relation == 'is' else 'that'}; choose another folder")
 
 
-def trainer_checkpoints(folder):
-    """The checkpoints Trainer wrote in `folder`: `checkpoint-<step>` folders holding a trainer_state.json. A
-    folder that merely starts with `checkpoint-` (a user's `checkpoint-notes/`) is not one."""
+def checkpoint_folders(folder):
+    """The `checkpoint-<step>` folders of `folder`, oldest (lowest step) first, complete or not."""
     if not os.path.isdir(folder):
         return []
-    return sorted(os.path.join(folder, name) for name in os.listdir(folder)
-                  if _CHECKPOINT.fullmatch(name) and os.path.isfile(os.path.join(folder, name, "trainer_state.json")))
+    steps = {int(name[len("checkpoint-"):]): os.path.join(folder, name) for name in os.listdir(folder)
+             if _CHECKPOINT.fullmatch(name) and os.path.isdir(os.path.join(folder, name))}
+    return [steps[s] for s in sorted(steps)]
+
+
+def trainer_checkpoints(folder):
+    """The checkpoints Trainer wrote in `folder`: `checkpoint-<step>` folders holding a trainer_state.json, oldest
+    first. A folder that merely starts with `checkpoint-` (a user's `checkpoint-notes/`) is not one."""
+    return [c for c in checkpoint_folders(folder) if os.path.isfile(os.path.join(c, "trainer_state.json"))]
 
 
 def sha256_file(path):

@@ -30,7 +30,7 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from .configuration_fish_gpt2 import FISH_ATTENTION_TYPES
 from .configuration_mgk import MGK_ATTENTION_TYPES
-from .folders import refuse_holding_inputs, sha256_file, trainer_checkpoints
+from .folders import checkpoint_folders, refuse_holding_inputs, sha256_file, trainer_checkpoints
 
 logger = logging.getLogger("hf_mgk.training")
 
@@ -320,16 +320,6 @@ def incomplete_checkpoint(folder):
     except (ValueError, UnicodeDecodeError):  # json.JSONDecodeError is a ValueError
         return "its trainer_state.json is cut short"
     return None
-
-
-def trainer_checkpoints(folder):
-    """The checkpoint-<step> folders of `folder`, oldest first."""
-    steps = {}
-    for name in os.listdir(folder):
-        step = name[len("checkpoint-"):]
-        if name.startswith("checkpoint-") and step.isdigit() and os.path.isdir(os.path.join(folder, name)):
-            steps[int(step)] = os.path.join(folder, name)
-    return [steps[s] for s in sorted(steps)]
 
 
 def first_bad_line(path, delimiter=None):
@@ -630,7 +620,7 @@ def prepare_output_dir(training_args, identity):
         return None  # the same run finished (or stopped before its first checkpoint): train again from the start
     problem = incomplete_checkpoint(last)
     if problem is not None:  # the run was killed while saving it: Trainer would fail on a missing file
-        earlier = [c for c in trainer_checkpoints(out) if c != last and incomplete_checkpoint(c) is None]
+        earlier = [c for c in checkpoint_folders(out) if c != last and incomplete_checkpoint(c) is None]
         advice = (f"resume from the one before with --resume_from_checkpoint {earlier[-1]} (or delete {last})"
                   if earlier else "no earlier checkpoint is complete: start anew with --overwrite_output_dir")
         raise ValueError(f"--output_dir {out}: its last checkpoint {last} is incomplete ({problem}; the run stopped "
