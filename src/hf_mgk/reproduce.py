@@ -558,9 +558,8 @@ def summarize_arm(seeds):
 
 
 def _standard_error(a, b):
-    (ma, sa), (mb, sb) = mean_std(a), mean_std(b)
-    var = sum(s * s / len(v) for s, v in ((sa, a), (sb, b)) if len(v) > 1)
-    return math.sqrt(var)
+    """Of the difference of the two means: sqrt(s_a^2/n_a + s_b^2/n_b); an arm of one seed adds nothing."""
+    return math.sqrt(sum(mean_std(v)[1] ** 2 / len(v) for v in (a, b) if len(v) > 1))
 
 
 HOLDS, FAILS, INCONCLUSIVE, MISSING = "holds", "does not hold", "inconclusive", "not run"
@@ -681,6 +680,9 @@ def draw_figures(results, folder):
         names.append("curves.png")
     plt.close(fig)
 
+    if results.get("layers"):
+        names.append(draw_rank_histograms(results, folder, plt))
+
     metric = results["metric"]
     fig, ax = plt.subplots(figsize=(7, 4.2))
     labels = list(arms)
@@ -731,6 +733,37 @@ def layer_table(results):
                          f"{mean_std([r['head_distance'] for r in rows])[0]:.4g} | "
                          f"{mean_std([r['components_95'] for r in rows])[0]:.1f} |")
     return lines + [""]
+
+
+def draw_rank_histograms(results, folder, plt):
+    """ranks.png: per source claim (a row) and layer (a column), the histogram of attention ranks of each arm (the
+    share of its matrices at each rank, all seeds pooled): MGK Fig. 7's comparison, each arm beside its baseline."""
+    per_source = {}
+    for name, per_seed in results["layers"].items():
+        per_source.setdefault(name.split("/", 1)[0], []).append((name.split("/", 1)[1], per_seed))
+    layers = max(len(next(iter(per_seed.values()))) for _, per_seed in results["layers"].items())
+    fig, axes = plt.subplots(len(per_source), layers, figsize=(3.2 * layers, 2.6 * len(per_source)), squeeze=False)
+    for row, (source, arms) in enumerate(per_source.items()):
+        for layer in range(layers):
+            ax = axes[row][layer]
+            for arm, per_seed in arms:
+                counts = {}
+                for seed_layers in per_seed.values():
+                    for rank, count in seed_layers[layer]["rank_histogram"].items():
+                        counts[int(rank)] = counts.get(int(rank), 0) + count
+                ranks, total = sorted(counts), sum(counts.values())  # shares: arms differ in head count
+                ax.step(ranks, [counts[r] / total for r in ranks], where="mid", label=arm)
+            ax.set_title(f"{source}, layer {layer}", fontsize=8)
+            ax.tick_params(labelsize=7)
+            if layer == 0:
+                ax.set_ylabel("share of matrices")
+                ax.legend(fontsize=6)
+            if row == len(per_source) - 1:
+                ax.set_xlabel("rank")
+    fig.tight_layout()
+    fig.savefig(os.path.join(folder, "ranks.png"), dpi=100)
+    plt.close(fig)
+    return "ranks.png"
 
 
 def report_markdown(results, figures=()):
