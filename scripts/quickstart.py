@@ -286,10 +286,10 @@ def remote_predictions(folder, sentences, max_length=FINETUNE_LENGTH):
         )
 
 
-def alternating_times(steps, rounds, warmup_rounds=WARMUP_ROUNDS, clock=time.perf_counter):
-    """Seconds of each timed step, per arm. steps: {arm: step(round)}. Every round runs one step of every arm in
+def median_step_ms(steps, rounds, warmup_rounds=WARMUP_ROUNDS, clock=time.perf_counter):
+    """{arm: median ms of its timed steps}. steps: {arm: step(round)}. Every round runs one step of every arm in
     turn and the first `warmup_rounds` are not timed: load that comes and goes on a shared machine then falls on
-    every arm alike instead of on whichever arm happened to be running."""
+    every arm alike instead of on whichever arm happened to be running, and the median drops a step it hit hard."""
     times = {name: [] for name in steps}
     for r in range(warmup_rounds + rounds):
         for name, step in steps.items():
@@ -297,7 +297,7 @@ def alternating_times(steps, rounds, warmup_rounds=WARMUP_ROUNDS, clock=time.per
             step(r)
             if r >= warmup_rounds:
                 times[name].append(clock() - start)
-    return times
+    return {name: 1000 * statistics.median(t) for name, t in times.items()}
 
 
 def training_step(model, batches, learning_rate):
@@ -359,7 +359,7 @@ def text_batches(folder, text_file, batch_size, length, masked):
 def timing_phase(args, results, reviews_train, adapt_train):
     """Median ms per training step of each arm's adapted LM and fine-tuned classifier, measured here after
     training rather than taken from the training runs' wall time: one process, the same batches and threads for
-    every arm, arms alternating (alternating_times). Returns {stage: {arm: ms}}."""
+    every arm, arms alternating (median_step_ms). Returns {stage: {arm: ms}}."""
     from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSequenceClassification
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -375,11 +375,10 @@ def timing_phase(args, results, reviews_train, adapt_train):
     medians = {}
     for stage, (auto_class, batches) in stages.items():
         print(f"\n== timing {stage} steps: {WARMUP_ROUNDS} warm-up + {args.timing_rounds} rounds of one step per "
-              f"arm, {torch.get_num_threads()} threads ==", flush=True)
+              f"arm, torch threads: {torch.get_num_threads()} ==", flush=True)
         steps = {name: training_step(auto_class.from_pretrained(res["folders"][stage]).to(device), batches,
                                      args.learning_rate) for name, res in results.items()}
-        times = alternating_times(steps, args.timing_rounds)
-        medians[stage] = {name: 1000 * statistics.median(t) for name, t in times.items()}
+        medians[stage] = median_step_ms(steps, args.timing_rounds)
         del steps  # one stage's models and optimizer states at a time
     return medians
 
@@ -440,8 +439,9 @@ def main(argv=None):
                      f"{acc:.4f}", cells["finetune"]))
     timing = (f"ms/step: median of {args.timing_rounds} training steps per arm (forward, backward, AdamW) timed "
               f"after training in this process, on the same {TIMING_BATCHES} batches for every arm, the arms "
-              f"alternating step by step after {WARMUP_ROUNDS} warm-up rounds, {torch.get_num_threads()} threads; "
-              "not the training runs' wall time (train_runtime in each stage folder's results)")
+              f"alternating step by step after {WARMUP_ROUNDS} warm-up rounds, torch threads: "
+              f"{torch.get_num_threads()}; not the training runs' wall time (train_runtime in each stage folder's "
+              "results)")
     summary["timing"] = {"how": timing, "timed_rounds": args.timing_rounds, "warmup_rounds": WARMUP_ROUNDS,
                          "threads": torch.get_num_threads(), "batch_size": args.batch_size,
                          "adapt_length": args.max_seq_length, "finetune_length": FINETUNE_LENGTH}
