@@ -192,7 +192,10 @@ def arm_overrides(args, attention_type, kept):
     """--attention_overrides of one arm: the attention type, the head count, and for the new one the user's
     fields."""
     fields = [f"attention_type={attention_type}"]
-    heads = (None if kept is None else len(kept)) if attention_type == "softmax" else new_heads(args)
+    if attention_type == "softmax":  # a baseline: the pruned control's kept heads, or every head
+        heads = None if kept is None else len(kept)
+    else:
+        heads = new_heads(args)
     if heads is not None:
         if args.family not in HEADS_FIELD:
             raise SystemExit(f"--heads: {args.family} keeps the checkpoint's heads (FiSH shares its first "
