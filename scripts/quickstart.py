@@ -1,7 +1,12 @@
 #!/usr/bin/env python
-"""The main job in one command: warm-start an hf-mgk model and its softmax baseline from the same real
-checkpoint, adapt both with language modeling, fine-tune both on a sentiment task, compare them, publish the new
+"""The main job in one command: warm-start an hf-mgk model and its softmax baselines from the same real
+checkpoint, adapt each with language modeling, fine-tune each on a sentiment task, compare them, publish the new
 one as a Hub-ready folder and reload it in a virtualenv where hf_mgk is not installed.
+
+The arms: the new attention; when it keeps fewer heads than the checkpoint (MGK: half), softmax with the same kept
+heads (the pruned control: does the new attention recover what pruning loses?); softmax with every head. Their
+step times come from a timing phase after training: one process, the same batches, the arms alternating step by
+step, so load from elsewhere on the machine cannot pass for a slower model.
 
     python scripts/quickstart.py                                  # MGK-BERT, 6 of MiniLM's 12 heads, M = 2 keys
     python scripts/quickstart.py --attention_type smgk --all_heads
@@ -17,9 +22,11 @@ run_glue.py with SST-2's layout and metric) in its own output folder, so every n
 folder's *_results.json. The budget flags scale the run; the defaults take a few minutes on 2 CPU cores."""
 
 import argparse
+import csv
 import json
 import os
 import shutil
+import statistics
 import sys
 import time
 
@@ -38,6 +45,13 @@ DEFAULT_ATTENTION = {"mgk-bert": "mgk", "fish-gpt2": "hard_fish", "mgk-gpt2": "m
 HEADS_FIELD = {"mgk-bert": "num_attention_heads", "mgk-gpt2": "n_head", "nprf-roberta": "num_attention_heads"}
 # Half the heads is the MGK paper's claim (App. B); FiSH keeps every local head and shares M global ones.
 HALF_HEADS = {"mgk-bert", "mgk-gpt2"}
+# The arm that asks whether the new attention recovers what pruning loses: softmax with the new model's kept heads.
+CONTROL = "softmax-pruned"
+FINETUNE_LENGTH = 64  # the fine-tuning stage's sentence length (run_glue.py pads to it)
+# The timing phase: untimed rounds first (allocator, caches, lazy initialisation), and a few batches, the same for
+# every arm, cycled through.
+WARMUP_ROUNDS = 5
+TIMING_BATCHES = 4
 # In --output_dir: the entries a run writes there, so that --overwrite removes those and nothing of the user's.
 RECORD = ".hf_mgk_quickstart.json"
 # What each family is warm-started from (and adapted by: run_clm.py for GPT-2, run_mlm.py for the encoders).
@@ -70,7 +84,13 @@ def parse_args(argv=None):
     p.add_argument("--batch_size", type=int, default=16)
     p.add_argument("--learning_rate", type=float, default=5e-5)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--skip_baseline", action="store_true", help="train only the new attention")
+    p.add_argument("--skip_baseline", action="store_true",
+                   help="train only the new attention: no softmax arm (neither the pruned control nor every head)")
+    p.add_argument("--skip_control", action="store_true",
+                   help="no softmax arm with the new model's kept heads (only the softmax model with every head)")
+    p.add_argument("--timing_rounds", type=int, default=20, help=(
+        f"timed rounds of the timing phase that gives the ms/step columns (after {WARMUP_ROUNDS} warm-up rounds; "
+        "each round one training step per arm; default 20)"))
     p.add_argument("--output_dir", default="outputs/quickstart")
     p.add_argument("--overwrite", action="store_true", help=(
         f"write into a non-empty --output_dir: what an earlier quickstart wrote there (listed in its {RECORD}: "
@@ -85,7 +105,7 @@ def parse_args(argv=None):
     args.attention_type = args.attention_type or DEFAULT_ATTENTION[args.family]
     if args.attention_type == "softmax":
         p.error("--attention_type softmax is the baseline itself; choose the attention to compare with it")
-    for name in ("adapt_steps", "finetune_steps", "batch_size", "max_seq_length"):
+    for name in ("adapt_steps", "finetune_steps", "batch_size", "max_seq_length", "timing_rounds"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1")
     try:  # --overwrite removes things inside --output_dir: never the inputs or the current directory
@@ -100,8 +120,7 @@ def parse_args(argv=None):
 
 def written_entries(args):
     """What this run writes directly inside --output_dir."""
-    arms = [args.attention_type] + ([] if args.skip_baseline else ["softmax"])
-    return ["data", *arms, "hub", "summary.json"]
+    return ["data", *(name for name, _, _ in arms(args)), "hub", "summary.json"]
 
 
 def claim_output_dir(args):
@@ -139,20 +158,51 @@ def checkpoint_heads(path):
     return getattr(config, "num_attention_heads", None) or getattr(config, "n_head")
 
 
-def arm_overrides(args, attention_type):
-    """--attention_overrides of one arm: the attention type, and for the new one the heads and the user's fields."""
+def new_heads(args):
+    """Heads of the new model: --heads, else half the checkpoint's for the MGK families, else None (the family's
+    own choice: every head)."""
+    if args.heads is None and not args.all_heads and args.family in HALF_HEADS:
+        return checkpoint_heads(args.model_name_or_path) // 2
+    return args.heads
+
+
+def kept_heads(args):
+    """The checkpoint heads the new model keeps when it keeps fewer than all (its first ones), else None. Written
+    out and given to the new arm and its softmax control alike, so both start from the same heads."""
+    heads = new_heads(args)
+    if heads is None or heads >= checkpoint_heads(args.model_name_or_path):
+        return None
+    return list(range(heads))
+
+
+def arms(args):
+    """(folder name, attention type, kept heads or None for every head) of each arm: the new attention, then,
+    unless --skip_baseline, softmax with the same kept heads (only when the new model keeps fewer heads than the
+    checkpoint, and unless --skip_control) and softmax with every head."""
+    kept = kept_heads(args)
+    out = [(args.attention_type, args.attention_type, kept)]
+    if not args.skip_baseline:
+        if kept is not None and not args.skip_control:
+            out.append((CONTROL, "softmax", kept))
+        out.append(("softmax", "softmax", None))
+    return out
+
+
+def arm_overrides(args, attention_type, kept):
+    """--attention_overrides of one arm: the attention type, the head count, and for the new one the user's
+    fields."""
     fields = [f"attention_type={attention_type}"]
-    if attention_type != "softmax":
-        heads = args.heads
-        if heads is None and not args.all_heads and args.family in HALF_HEADS:
-            heads = checkpoint_heads(args.model_name_or_path) // 2
-        if heads is not None:
-            if args.family not in HEADS_FIELD:
-                raise SystemExit(f"--heads: {args.family} keeps the checkpoint's heads (FiSH shares its first "
-                                 "num_global_heads query/key heads); set num_global_heads in --attention_overrides")
-            fields.append(f"{HEADS_FIELD[args.family]}={heads}")
-        if args.attention_overrides:
-            fields.append(args.attention_overrides)
+    if attention_type == "softmax":  # a baseline: the pruned control's kept heads, or every head
+        heads = None if kept is None else len(kept)
+    else:
+        heads = new_heads(args)
+    if heads is not None:
+        if args.family not in HEADS_FIELD:
+            raise SystemExit(f"--heads: {args.family} keeps the checkpoint's heads (FiSH shares its first "
+                             "num_global_heads query/key heads); set num_global_heads in --attention_overrides")
+        fields.append(f"{HEADS_FIELD[args.family]}={heads}")
+    if attention_type != "softmax" and args.attention_overrides:
+        fields.append(args.attention_overrides)
     return ",".join(fields)
 
 
@@ -164,26 +214,29 @@ def common_args(args, output_dir):
             "--dataloader_pin_memory", str(torch.cuda.is_available())]  # pinning is for copies to a GPU
 
 
-def run_arm(args, name, attention_type, adapt_train, adapt_eval, reviews):
-    """Adapt, then fine-tune, one model; returns its numbers and the fine-tuned folder."""
+def run_arm(args, name, attention_type, kept, adapt_train, adapt_eval, reviews):
+    """Adapt, then fine-tune, one model; returns its numbers and its adapted and fine-tuned folders."""
     folder = os.path.join(args.output_dir, name)
     lm = run_clm if CHECKPOINT[args.family][0] == "GPT-2" else run_mlm
     lm_args = ["--model_name_or_path", args.model_name_or_path, "--family", args.family,
-               "--attention_overrides", arm_overrides(args, attention_type),
+               "--attention_overrides", arm_overrides(args, attention_type, kept),
                "--train_file", adapt_train, "--validation_file", adapt_eval,
                "--max_steps", str(args.adapt_steps), "--max_eval_samples", "64"]
+    if kept is not None:
+        lm_args += ["--keep_heads", ",".join(map(str, kept))]
     lm_args += ["--block_size" if lm is run_clm else "--max_seq_length", str(args.max_seq_length)]
     print(f"\n== {name}: language-modeling adaptation ({args.adapt_steps} steps) ==", flush=True)
     adapt = lm.main(lm_args + common_args(args, os.path.join(folder, "adapt")))
     glue_args = ["--model_name_or_path", os.path.join(folder, "adapt"), "--task_name", "sst2",
                  "--train_file", reviews["train"], "--validation_file", reviews["validation"],
-                 "--max_seq_length", "64", "--max_steps", str(args.finetune_steps)]
+                 "--max_seq_length", str(FINETUNE_LENGTH), "--max_steps", str(args.finetune_steps)]
     for flag in ("max_train_samples", "max_eval_samples"):
         if getattr(args, flag) is not None:
             glue_args += [f"--{flag}", str(getattr(args, flag))]
     print(f"\n== {name}: fine-tuning on movie-review polarity ({args.finetune_steps} steps) ==", flush=True)
     finetune = run_glue.main(glue_args + common_args(args, os.path.join(folder, "finetune")))
-    return {"adapt": adapt, "finetune": finetune, "folder": os.path.join(folder, "finetune")}
+    return {"adapt": adapt, "finetune": finetune, "folders": {stage: os.path.join(folder, stage)
+                                                              for stage in ("adapt", "finetune")}}
 
 
 def parameters(folder):
@@ -193,7 +246,7 @@ def parameters(folder):
     return sum(p.numel() for p in model.parameters()), model.config
 
 
-def predictions(folder, sentences, max_length=64):
+def predictions(folder, sentences, max_length=FINETUNE_LENGTH):
     """Class predictions of the saved classifier, in this process (hf_mgk imported)."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -209,7 +262,7 @@ def predictions(folder, sentences, max_length=64):
     return out
 
 
-def remote_predictions(folder, sentences, max_length=64):
+def remote_predictions(folder, sentences, max_length=FINETUNE_LENGTH):
     """The same predictions from the exported folder alone, in a virtualenv that has everything but hf_mgk."""
     import tempfile
 
@@ -236,6 +289,103 @@ def remote_predictions(folder, sentences, max_length=64):
         )
 
 
+def median_step_ms(steps, rounds, warmup_rounds=WARMUP_ROUNDS, clock=time.perf_counter):
+    """{arm: median ms of its timed steps}. steps: {arm: step(round)}. Every round runs one step of every arm in
+    turn and the first `warmup_rounds` are not timed: load that comes and goes on a shared machine then falls on
+    every arm alike instead of on whichever arm happened to be running, and the median drops a step it hit hard."""
+    times = {name: [] for name in steps}
+    for r in range(warmup_rounds + rounds):
+        for name, step in steps.items():
+            start = clock()
+            step(r)
+            if r >= warmup_rounds:
+                times[name].append(clock() - start)
+    return {name: 1000 * statistics.median(t) for name, t in times.items()}
+
+
+def training_step(model, batches, learning_rate):
+    """step(round): one training step of `model` (forward, backward, AdamW as Trainer's, no weight decay) on
+    batch round % len(batches). The model is a copy loaded for timing: its updates go nowhere."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
+    batches = [{k: v.to(model.device) for k, v in batch.items()} for batch in batches]
+    model.train()
+
+    def step(r):
+        model(**batches[r % len(batches)]).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if model.device.type == "cuda":  # GPU work is asynchronous: the clock must wait for it
+            torch.cuda.synchronize()
+
+    return step
+
+
+def review_batches(folder, reviews_csv, batch_size):
+    """TIMING_BATCHES batches of training sentences as run_glue.py gives them (padded to FINETUNE_LENGTH)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    tokenizer, config = AutoTokenizer.from_pretrained(folder), AutoConfig.from_pretrained(folder)
+    with open(reviews_csv, encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    batches = []
+    for i in range(TIMING_BATCHES):
+        chunk = [rows[(i * batch_size + j) % len(rows)] for j in range(batch_size)]
+        batch = dict(tokenizer([r["sentence"] for r in chunk], padding="max_length", max_length=FINETUNE_LENGTH,
+                               truncation=True, return_tensors="pt"))
+        batch["labels"] = torch.tensor([config.label2id[r["label"]] for r in chunk])
+        batches.append(batch)
+    return batches
+
+
+def text_batches(folder, text_file, batch_size, length, masked):
+    """TIMING_BATCHES batches of `length`-token blocks of the adaptation text. Masked-LM labels on a seeded 15% of
+    the positions, inputs left unmasked: a step's cost depends on the shapes, not on which tokens are masked."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    need = TIMING_BATCHES * batch_size * length
+    with open(text_file, encoding="utf-8") as f:
+        text = f.read(8 * need)  # enough characters for `need` tokens of English text
+    lines = tokenizer(text.splitlines(), add_special_tokens=False)["input_ids"]  # by line: no over-length warning
+    ids = torch.tensor([t for line in lines for t in line])
+    ids = ids.repeat(need // len(ids) + 1)[:need].view(TIMING_BATCHES, batch_size, length)
+    generator = torch.Generator().manual_seed(0)
+    batches = []
+    for block in ids:
+        labels = block.clone()
+        if masked:
+            labels[torch.rand(block.shape, generator=generator) >= 0.15] = -100
+        batches.append({"input_ids": block, "labels": labels})
+    return batches
+
+
+def timing_phase(args, results, reviews_train, adapt_train):
+    """Median ms per training step of each arm's adapted LM and fine-tuned classifier, measured here after
+    training rather than taken from the training runs' wall time: one process, the same batches and threads for
+    every arm, arms alternating (median_step_ms). Returns {stage: {arm: ms}}."""
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSequenceClassification
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    causal = CHECKPOINT[args.family][0] == "GPT-2"
+    tokenizer_folder = results[args.attention_type]["folders"]  # every arm has the checkpoint's tokenizer
+    stages = {
+        "adapt": (AutoModelForCausalLM if causal else AutoModelForMaskedLM,
+                  text_batches(tokenizer_folder["adapt"], adapt_train, args.batch_size, args.max_seq_length,
+                               masked=not causal)),
+        "finetune": (AutoModelForSequenceClassification,
+                     review_batches(tokenizer_folder["finetune"], reviews_train, args.batch_size)),
+    }
+    medians = {}
+    for stage, (auto_class, batches) in stages.items():
+        print(f"\n== timing {stage} steps: {WARMUP_ROUNDS} warm-up + {args.timing_rounds} rounds of one step per "
+              f"arm, torch threads: {torch.get_num_threads()} ==", flush=True)
+        steps = {name: training_step(auto_class.from_pretrained(res["folders"][stage]).to(device), batches,
+                                     args.learning_rate) for name, res in results.items()}
+        medians[stage] = median_step_ms(steps, args.timing_rounds)
+        del steps  # one stage's models and optimizer states at a time
+    return medians
+
+
 def table(rows):
     header = ("model", "heads", "parameters", "LM loss", "LM ms/step", "accuracy", "fine-tune ms/step")
     lines = [" | ".join(header), " | ".join("---" for _ in header)]
@@ -255,29 +405,56 @@ def main(argv=None):
     bundled.concatenate(train_texts, adapt_train)
     bundled.concatenate(eval_texts, adapt_eval)
 
-    arms = [(args.attention_type, args.attention_type)] + ([] if args.skip_baseline else [("softmax", "softmax")])
-    results = {name: run_arm(args, name, attention, adapt_train, adapt_eval, reviews) for name, attention in arms}
+    plan = arms(args)
+    results = {name: run_arm(args, name, attention, kept, adapt_train, adapt_eval, reviews)
+               for name, attention, kept in plan}
+    kept_of = {name: kept for name, _, kept in plan}
+    kept = kept_of[args.attention_type]
+    if args.skip_baseline:
+        control = "none (--skip_baseline)"
+    elif kept is None:
+        control = f"none: {args.family} {args.attention_type} keeps every head of the checkpoint"
+    elif args.skip_control:
+        control = "none (--skip_control)"
+    else:
+        control = (f"{CONTROL}: softmax with the same kept heads as {args.attention_type} (checkpoint heads "
+                   f"{kept} in every layer)")
+    print(f"\npruned softmax control: {control}")
 
+    ms = timing_phase(args, results, reviews["train"], adapt_train)
     rows, summary = [], {}
     for name, res in results.items():
-        n_params, config = parameters(res["folder"])
+        n_params, config = parameters(res["folders"]["finetune"])
         heads = getattr(config, "num_attention_heads", None) or config.n_head
-        adapt_ms = 1000 * res["adapt"]["train_runtime"] / args.adapt_steps
-        tune_ms = 1000 * res["finetune"]["train_runtime"] / args.finetune_steps
         acc = res["finetune"]["eval_accuracy"]
         loss = res["adapt"]["eval_loss"]
-        rows.append((f"{args.family} {name}", heads, f"{n_params / 1e6:.2f}M", f"{loss:.3f}", f"{adapt_ms:.0f}",
-                     f"{acc:.4f}", f"{tune_ms:.0f}"))
-        summary[name] = {"heads": heads, "parameters": n_params, "adapt_eval_loss": loss, "adapt_ms_per_step":
-                         adapt_ms, "eval_accuracy": acc, "finetune_ms_per_step": tune_ms, "folder": res["folder"]}
-    print("\n" + table(rows))
+        cells = {}
+        summary[name] = {"heads": heads, "kept_heads": kept_of[name], "parameters": n_params,
+                         "adapt_eval_loss": loss, "eval_accuracy": acc, "folder": res["folders"]["finetune"]}
+        for stage in ("adapt", "finetune"):
+            summary[name][f"{stage}_ms_per_step"] = ms[stage][name]
+            cells[stage] = f"{ms[stage][name]:.0f}"
+            if "softmax" in ms[stage]:  # the full softmax model is the reference of the ratios
+                ratio = ms[stage][name] / ms[stage]["softmax"]
+                summary[name][f"{stage}_ms_ratio_to_softmax"] = ratio
+                cells[stage] += f" ({ratio:.2f}x)"
+        rows.append((f"{args.family} {name}", heads, f"{n_params / 1e6:.2f}M", f"{loss:.3f}", cells["adapt"],
+                     f"{acc:.4f}", cells["finetune"]))
+    timing = (f"ms/step: median of {args.timing_rounds} training steps per arm (forward, backward, AdamW) timed "
+              f"after training in this process, on the same {TIMING_BATCHES} batches for every arm, the arms "
+              f"alternating step by step after {WARMUP_ROUNDS} warm-up rounds, torch threads: "
+              f"{torch.get_num_threads()}; not the training runs' wall time (train_runtime in each stage folder's "
+              "results)")
+    summary["timing"] = {"how": timing, "timed_rounds": args.timing_rounds, "warmup_rounds": WARMUP_ROUNDS,
+                         "threads": torch.get_num_threads(), "batch_size": args.batch_size,
+                         "adapt_length": args.max_seq_length, "finetune_length": FINETUNE_LENGTH}
+    summary["control"] = control
+    print("\n" + table(rows) + "\n" + timing)
 
-    new = results[args.attention_type]["folder"]
+    new = results[args.attention_type]["folders"]["finetune"]
     export = os.path.join(args.output_dir, "hub")
     hub.export_run(new, export)  # a new folder: claim_output_dir removed an earlier quickstart's
     print(f"\nHub-ready folder: {export}: {', '.join(sorted(os.listdir(export)))}")
-
-    import csv
 
     with open(reviews["validation"], encoding="utf-8") as f:
         held_out = list(csv.DictReader(f))[:args.max_eval_samples]

@@ -1,5 +1,6 @@
 """The main job (scripts/quickstart.py) end to end on a tiny budget: real MiniLM BERT checkpoint, Shakespeare,
-the movie-review polarity task, the softmax baseline beside MGK, export and reload without hf_mgk."""
+the movie-review polarity task, the softmax baselines (pruned to MGK's kept heads, and every head) beside MGK, the
+timing phase, export and reload without hf_mgk."""
 
 import csv
 import json
@@ -16,7 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
 import quickstart  # noqa: E402
 
 TINY = ["--adapt_steps", "2", "--finetune_steps", "3", "--max_train_samples", "48", "--max_eval_samples", "40",
-        "--max_seq_length", "32", "--batch_size", "8"]
+        "--max_seq_length", "32", "--batch_size", "8", "--timing_rounds", "2"]
 
 
 def accuracy_of(folder, rows):
@@ -48,7 +49,7 @@ def test_main_job_compares_half_the_heads_with_the_baseline(mgk_run):
 
     with open(os.path.join(out, "data", "validation.csv"), encoding="utf-8") as f:
         held_out = list(csv.DictReader(f))[:40]
-    for name in ("mgk", "softmax"):
+    for name in ("mgk", "softmax-pruned", "softmax"):
         folder = summary[name]["folder"]
         with open(os.path.join(folder, "eval_results.json")) as f:
             saved = json.load(f)
@@ -56,6 +57,87 @@ def test_main_job_compares_half_the_heads_with_the_baseline(mgk_run):
         assert summary[name]["eval_accuracy"] == saved["eval_accuracy"]
         assert summary[name]["eval_accuracy"] == pytest.approx(accuracy_of(folder, held_out), abs=1e-9)
         assert summary[name]["adapt_ms_per_step"] > 0 and summary[name]["finetune_ms_per_step"] > 0
+
+
+def test_main_job_control_is_softmax_with_mgks_kept_heads(mgk_run):
+    """The pruned control starts from the checkpoint's heads that MGK keeps: passed to both as --keep_heads, and
+    its adapted query/key/value/output weights per head are those heads' (2 small steps from them)."""
+    from transformers import AutoModelForMaskedLM, BertModel
+
+    summary, out = mgk_run
+    assert summary["mgk"]["kept_heads"] == summary["softmax-pruned"]["kept_heads"] == [0, 1, 2, 3, 4, 5]
+    assert summary["softmax"]["kept_heads"] is None and summary["softmax-pruned"]["heads"] == 6
+    assert summary["control"].startswith("softmax-pruned")
+    for name in ("mgk", "softmax-pruned"):
+        run = json.load(open(os.path.join(out, name, "adapt", "hf_mgk_run.json")))
+        assert run["identity"]["keep_heads"] == "0,1,2,3,4,5"
+    assert json.load(open(os.path.join(out, "softmax", "adapt", "hf_mgk_run.json")))["identity"]["keep_heads"] is None
+    config = json.load(open(os.path.join(summary["softmax-pruned"]["folder"], "config.json")))
+    assert (config["attention_type"], config["num_attention_heads"], config["head_dim"]) == ("softmax", 6, 32)
+
+    stock = BertModel.from_pretrained(bundled.bert_checkpoint_dir()).encoder.layer
+    control = AutoModelForMaskedLM.from_pretrained(os.path.join(out, "softmax-pruned", "adapt"))
+    control = control.base_model.encoder.layer
+    for layer in (0, len(stock) - 1):
+        for part in ("self.query", "self.key", "self.value", "output.dense"):
+            theirs = stock[layer].attention.get_submodule(part).weight.detach()
+            ours = control[layer].attention.get_submodule(part).weight.detach()
+            if part == "output.dense":  # its input is the concatenated heads
+                theirs, ours = theirs.T, ours.T
+            for head in range(6):
+                kept, other = (theirs[h * 32:(h + 1) * 32] for h in (head, head + 6))
+                block = ours[head * 32:(head + 1) * 32]
+                assert (block - kept).abs().max() < 1e-3 < (block - other).abs().max(), (layer, part, head)
+
+
+def test_main_job_times_the_arms_in_one_phase(mgk_run):
+    summary, _ = mgk_run
+    timing = summary["timing"]
+    assert (timing["timed_rounds"], timing["warmup_rounds"], timing["threads"]) == (2, 5, torch.get_num_threads())
+    assert "alternating" in timing["how"] and "not the training runs' wall time" in timing["how"]
+    for name in ("mgk", "softmax-pruned", "softmax"):
+        for stage in ("adapt", "finetune"):
+            ms = summary[name][f"{stage}_ms_per_step"]
+            assert ms > 0
+            assert summary[name][f"{stage}_ms_ratio_to_softmax"] == pytest.approx(
+                ms / summary["softmax"][f"{stage}_ms_per_step"])
+    assert summary["softmax"]["finetune_ms_ratio_to_softmax"] == 1.0
+
+
+def test_timing_alternates_the_arms_and_takes_the_median():
+    """One step of every arm per round, in turn; warm-up rounds untimed; the median of the clock's differences."""
+    now, calls = [0.0], []
+    # Seconds per round: with the warm-up rounds, or as a mean or a minimum, the numbers would differ.
+    cost = {"a": [9, 9, 1, 2, 3], "b": [9, 9, 10, 30, 20], "c": [9, 9, 5, 5, 100]}
+
+    def step_of(name):
+        def step(r):
+            calls.append((name, r))
+            now[0] += cost[name][r]
+        return step
+
+    medians = quickstart.median_step_ms({n: step_of(n) for n in cost}, rounds=3, warmup_rounds=2,
+                                        clock=lambda: now[0])
+    assert calls == [(n, r) for r in range(5) for n in ("a", "b", "c")]
+    assert medians == {"a": 2000, "b": 20000, "c": 5000}
+
+
+def test_main_job_arms_and_what_the_skip_flags_skip(tmp_path):
+    def arms(*flags):
+        args = quickstart.parse_args([*flags, "--output_dir", str(tmp_path / "unused")])
+        return [(name, quickstart.arm_overrides(args, attention, kept), kept)
+                for name, attention, kept in quickstart.arms(args)]
+
+    half = [0, 1, 2, 3, 4, 5]
+    assert arms("--attention_overrides", "num_keys=3") == [
+        ("mgk", "attention_type=mgk,num_attention_heads=6,num_keys=3", half),
+        ("softmax-pruned", "attention_type=softmax,num_attention_heads=6", half),
+        ("softmax", "attention_type=softmax", None)]
+    assert [a[0] for a in arms("--skip_control")] == ["mgk", "softmax"]
+    assert [a[0] for a in arms("--skip_baseline")] == ["mgk"]
+    assert arms("--all_heads") == [("mgk", "attention_type=mgk", None), ("softmax", "attention_type=softmax", None)]
+    assert arms("--heads", "12")[0][2] is None and len(arms("--heads", "12")) == 2  # every head: nothing to prune
+    assert arms("--heads", "4")[1] == ("softmax-pruned", "attention_type=softmax,num_attention_heads=4", [0, 1, 2, 3])
 
 
 def test_main_job_exports_a_folder_that_reproduces_the_accuracy_without_hf_mgk(mgk_run):
@@ -97,5 +179,10 @@ def test_main_job_gpt2_families_from_a_stock_gpt2(family, attention, heads, tmp_
     assert (baseline["model_type"], baseline["attention_type"], baseline["n_head"]) == (family, "softmax", 4)
     if family == "mgk-gpt2":
         assert config["head_dim"] == 8 and summary[attention]["heads"] == 2
+        control = json.load(open(os.path.join(summary["softmax-pruned"]["folder"], "config.json")))
+        assert (control["attention_type"], control["n_head"], control["head_dim"]) == ("softmax", 2, 8)
+        assert summary["softmax-pruned"]["kept_heads"] == summary[attention]["kept_heads"] == [0, 1]
+    else:  # FiSH keeps every head: no pruned control
+        assert "softmax-pruned" not in summary and summary["control"].startswith("none: fish-gpt2 hard_fish keeps")
     assert summary[attention]["parameters"] < summary["softmax"]["parameters"]
     assert summary["exported"]["agreeing_predictions"] == 40
