@@ -148,7 +148,7 @@ def warmstart_commands(claim, arm, seed, args, data, passthrough, out):
     finetune = [os.path.join(HERE, "run_glue.py"), "--model_name_or_path", os.path.join(out, "adapt"),
                 "--task_name", "sst2", "--train_file", reviews["train"], "--validation_file", reviews["validation"],
                 "--max_seq_length", str(w["finetune_length"]), "--max_steps", str(w["finetune_steps"]),
-                "--logging_steps", "10", "--eval_strategy", "steps", "--eval_steps", str(max(1, w["finetune_steps"] // 5)),
+                "--logging_steps", "10", "--eval_strategy", "steps", "--eval_steps", str(w["eval_every"]),
                 "--output_dir", os.path.join(out, "finetune")] + common
     for flag in ("max_train_samples", "max_eval_samples"):
         if w[flag]:

@@ -288,10 +288,12 @@ _register(Claim(
 
 # The warm-start recipe: scripts/quickstart.py's defaults.
 WARMSTART = {
+    # eval_every: held-out accuracy during fine-tuning (the 2,111 sentences take about a minute on 2 cores).
     "default": {"adapt_steps": 30, "finetune_steps": 150, "batch_size": 16, "learning_rate": 5e-5,
-                "adapt_length": 128, "finetune_length": 64, "max_train_samples": None, "max_eval_samples": None},
+                "adapt_length": 128, "finetune_length": 64, "max_train_samples": None, "max_eval_samples": None,
+                "eval_every": 75},
     "tiny": {"adapt_steps": 2, "finetune_steps": 2, "batch_size": 4, "learning_rate": 5e-5, "adapt_length": 32,
-             "finetune_length": 32, "max_train_samples": 16, "max_eval_samples": 16},
+             "finetune_length": 32, "max_train_samples": 16, "max_eval_samples": 16, "eval_every": 1},
 }
 
 
