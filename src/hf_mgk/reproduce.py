@@ -163,6 +163,11 @@ NPRF_ARMS = (
     Arm("softmax", "softmax", {"attention_type": "softmax"}),
 )
 
+MGK_NOTES = ("mgk-4-narrow is a before / after of the second key's variance, not part of the verdict: the paper "
+             "states sigma_2^2 = 3 sqrt(D) (our default, mgk_variances=[1, 3]); the authors' LM and MT code use "
+             "sqrt(D) / 3. The prior pi starts at 0.5 per key in both (ours: softmax of zero logits, per head); "
+             "the authors' LM code keeps pi per key position and clamps it instead of normalising.")
+
 CLAIMS = {}
 
 
@@ -177,7 +182,8 @@ _register(Claim(
     statement=("MGK with half the heads (H/2, M = 2 keys) is as good as softmax with H heads, while softmax with "
                "H/2 is clearly worse; MGK and sMGK with H heads are the best."),
     kind="clm", family="mgk-gpt2", arms=MGK_ARMS, metric="perplexity", lower_is_better=True, paper=MGK_PAPER,
-    checks=MGK_CHECKS, extra_metrics=("eval_loss", "eval_strided_perplexity", "eval_accuracy")))
+    checks=MGK_CHECKS, extra_metrics=("eval_loss", "eval_strided_perplexity", "eval_accuracy"),
+    notes=MGK_NOTES))
 _register(Claim(
     name="mgk-mlm", title="MGK-BERT masked language model from scratch",
     source=("Nguyen et al., Improving Transformers with Probabilistic Attention Keys (ICML 2022), Table 3's arms on "
@@ -185,14 +191,22 @@ _register(Claim(
     statement=("The same arms as mgk-lm, trained as a masked LM: MGK with H/2 heads as good as softmax with H, "
                "softmax with H/2 worse. The paper has no masked-LM table; its causal-LM numbers are shown."),
     kind="mlm", family="mgk-bert", arms=_bert_arms(MGK_ARMS), metric="perplexity", lower_is_better=True,
-    paper=MGK_PAPER, checks=MGK_CHECKS, extra_metrics=("eval_loss", "eval_accuracy")))
+    paper=MGK_PAPER, checks=MGK_CHECKS, extra_metrics=("eval_loss", "eval_accuracy"), notes=MGK_NOTES))
 _register(Claim(
     name="fish-lm", title="FiSH-GPT2 causal language model from scratch",
     source=("Nguyen et al., Transformers with a Finite Admixture of Shared Heads (FiSH), Tables 1, 9 and 10"),
     statement=("With 2 to 4 global heads, FiSH / hard FiSH / GFiSH / hard GFiSH match the 8-head softmax baseline; "
                "MiSH (one mixing vector for all local heads) is worse than FiSH."),
     kind="clm", family="fish-gpt2", arms=FISH_ARMS, metric="perplexity", lower_is_better=True, paper=FISH_PAPER,
-    checks=FISH_CHECKS, base={"n_head": 8}, extra_metrics=("eval_loss", "eval_strided_perplexity", "eval_accuracy")))
+    checks=FISH_CHECKS, base={"n_head": 8}, extra_metrics=("eval_loss", "eval_strided_perplexity", "eval_accuracy"),
+    notes=("The *-normal arms are a before / after of the mixing init, not part of the verdict: the other arms start "
+           "p_kj at 1/M + N(0, 0.02) (every local head at the mean of the global patterns) and GFiSH's network at "
+           "PyTorch's Linear init; the *-normal arms start them N(0, 0.02) with zero biases, which is what the "
+           "FiSH authors' language-modelling training script gives every Linear layer (config "
+           "fish_mixing_init='normal'). The authors' code also draws the noise as sigma^2 * eps on the unscaled "
+           "scores (ours: sigma * eps on the scaled ones, sigma_0 = 0.1 in both) and keeps it at evaluation "
+           "(ours: training only); these were not changed. The head analyses (heads claim) show what the init "
+           "does to the local heads.")))
 _register(Claim(
     name="concise-heads", title="Fixed head size against the standard head size, masked LM",
     source=("Bhojanapalli et al., Low-Rank Bottleneck in Multi-head Attention Models (ICML 2020), Table 1 against "
