@@ -279,3 +279,54 @@ def test_passthrough_flags_reach_the_training_script(tmp_path):
     assert argv[argv.index("--seed") + 1] == "3" and "--use_cpu" in argv
     overrides = dict(kv.split("=", 1) for kv in argv[argv.index("--config_overrides") + 1].split(","))
     assert overrides["attention_type"] == '"mgk"' and overrides["num_attention_heads"] == "4"
+
+
+def test_report_of_the_committed_heads_run_has_layers_and_rank_figure(tmp_path):
+    """The heads claim's report from its results.json: the per-layer table and the rank histograms."""
+    results = json.load(open(os.path.join(ROOT, "docs", "reproductions", "heads", "results.json")))
+    figures = R.draw_figures(results, str(tmp_path))
+    assert "ranks.png" in figures and os.path.getsize(tmp_path / "ranks.png") > 10000
+    report = R.report_markdown(results, figures)
+    assert "## Per layer" in report and "![ranks.png](ranks.png)" in report
+    first = next(iter(results["layers"]))
+    layers = results["layers"][first]["0"]
+    assert report.split("## Per layer")[1].count(f"| `{first}` |") == len(layers)
+    # the layer averages in the arms equal the mean of the per-layer numbers
+    mean_rank = sum(layer["mean_rank"] for layer in layers) / len(layers)
+    assert results["arms"][first]["seeds"]["0"]["mean_rank"] == pytest.approx(mean_rank)
+
+
+def test_warmstart_arms_keep_the_same_heads_and_share_the_recipe(tmp_path):
+    script = load_script("reproduce")
+    args, passthrough = script.parse_args(["--claim", "mgk-warmstart", "--output_dir", str(tmp_path),
+                                           "--scale", "tiny"])
+    claim = R.CLAIMS["mgk-warmstart"]
+    data = {"train_file": "t.txt", "validation_file": "v.txt"}
+    commands = {arm.name: script.warmstart_commands(claim, arm, 0, args, data, passthrough, str(tmp_path / arm.name))
+                for arm in claim.arms}
+    kept = {name: c[0][c[0].index("--keep_heads") + 1] if "--keep_heads" in c[0] else None
+            for name, c in commands.items()}
+    assert kept == {"softmax-12": None, "mgk-6": R.WARMSTART_KEEP, "softmax-6": R.WARMSTART_KEEP}
+    for name, (adapt, finetune) in commands.items():
+        assert adapt[0].endswith("run_mlm.py") and finetune[0].endswith("run_glue.py")
+        assert finetune[finetune.index("--model_name_or_path") + 1] == str(tmp_path / name / "adapt")
+
+    def without_arm(argv):  # everything but the arm's own attention, heads and folders
+        drop = {"--attention_overrides", "--keep_heads", "--output_dir", "--model_name_or_path"}
+        return [a for i, a in enumerate(argv) if a not in drop and (i == 0 or argv[i - 1] not in drop)]
+
+    recipes = {json.dumps([without_arm(c) for c in cmds]) for cmds in commands.values()}
+    assert len(recipes) == 1
+
+
+def test_nprf_result_counts_a_divergence(tmp_path):
+    script = load_script("reproduce")
+    saved = {"runs": [{"loss": [7.0, 6.5, "nan"], "first_nonfinite_loss": 3, "heldout_loss": "nan"}],
+             "summary": [{"max_qk": 88.0}]}
+    (tmp_path / "curves.json").write_text(json.dumps(saved))
+    result = script.nprf_result(R.CLAIMS["nprf-stability"], str(tmp_path))
+    assert result["metrics"]["diverged"] == 1.0 and result["metrics"]["first_nonfinite_step"] == 3
+    assert math.isnan(result["metrics"]["heldout_loss"]) and result["eval_curve"][:2] == [(1, 7.0), (2, 6.5)]
+    saved["runs"][0].update(first_nonfinite_loss=None, heldout_loss=6.2, loss=[7.0, 6.5])
+    (tmp_path / "curves.json").write_text(json.dumps(saved))
+    assert script.nprf_result(R.CLAIMS["nprf-stability"], str(tmp_path))["metrics"]["diverged"] == 0.0
