@@ -176,22 +176,19 @@ def nprf_result(claim, out):
         saved = json.load(f)
     run, summary = saved["runs"][0], saved["summary"][0]
 
-    def number(x):
-        return float(x) if not isinstance(x, str) else float(x)  # "nan" / "inf" strings back to floats
-
+    # float() also reads back the "nan" / "inf" strings the script writes for non-finite values.
     first = run["first_nonfinite_loss"]
-    metrics = {"diverged": 0.0 if first is None else 1.0, "heldout_loss": number(run["heldout_loss"]),
-               "first_nonfinite_step": first, "max_qk_norm": number(summary["max_qk"])}
-    curve = [(i + 1, number(x)) for i, x in enumerate(run["loss"])]
+    metrics = {"diverged": 0.0 if first is None else 1.0, "heldout_loss": float(run["heldout_loss"]),
+               "first_nonfinite_step": first, "max_qk_norm": float(summary["max_qk"])}
+    curve = [(i + 1, float(x)) for i, x in enumerate(run["loss"])]
     return {"metrics": metrics, "eval_curve": curve, "train_curve": curve, "parameters": None}
 
 
-def heads_result(claim, arm, seed, args):
+def heads_result(claim, arm, seed, args, data):
     """The head statistics of a trained arm of another claim, on held-out blocks."""
     source_name, arm_name = arm.name.split("/", 1)
     source = R.CLAIMS[source_name]
     folder = os.path.join(args.output_dir, source_name, "runs", arm_name, f"seed{seed}")
-    data = R.prepare_data(os.path.join(args.output_dir, f"data-{args.scale}"), args.scale)
     blocks = R.heldout_blocks(data["tokenizers"][source.kind], data["validation_file"],
                               R.recipe(source, args.scale).block_size, R.HEADS_SEQUENCES[args.scale])
     stats = R.head_statistics(folder, source.kind, blocks)
@@ -225,7 +222,7 @@ def run_one(claim, arm, seed, args, data, passthrough, base):
     os.makedirs(out, exist_ok=True)
     start = time.time()
     if claim.kind == "heads":
-        result = heads_result(claim, arm, seed, args)
+        result = heads_result(claim, arm, seed, args, data)
     else:
         env = dict(os.environ)
         if args.threads:

@@ -71,10 +71,6 @@ class Claim:
     notes: str = ""
 
 
-def _gpt2_heads(n_head, **kw):
-    return {"n_head": n_head, **kw}
-
-
 # GPT-2 family, from scratch: 8 heads of 16 at width 128 (the papers' "small" WikiText-103 model has 8 heads of
 # 16 at width 128, 16 layers; Schlag et al. 2021). H/2 keeps the head size (MGK App. B: Q, V and the output
 # projection shrink to H/2 * D).
