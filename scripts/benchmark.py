@@ -6,7 +6,7 @@
     python scripts/benchmark.py --family fish                 # FiSH-GPT2 (8 local heads, M=2) vs GPT-2 (8 heads, SDPA)
     python scripts/benchmark.py --family nprf                 # NPRF paths vs SDPA; NPRF-RoBERTa vs RoBERTa, Longformer
     python scripts/benchmark.py --family headsize             # fixed head sizes 128 / 32 vs BERT's 64, equal parameters
-    python scripts/benchmark.py --family mgk-gpt2             # MGK-GPT2 (H/2 heads) vs GPT-2 (H), once hf_mgk has it
+    python scripts/benchmark.py --family mgk-gpt2             # MGK-GPT2 (H/2 heads) vs GPT-2 (H heads, SDPA)
     python scripts/benchmark.py --family mgk --head-dims 32 64 128 --lengths 512 --figures figs   # ratio vs head size
     python scripts/benchmark.py --family all --models-only --mode both --threads 1 --lengths 256 512 1024 \
         --csv results.csv --markdown results.md --figures figures      # the README's results table and figures
@@ -234,7 +234,8 @@ def print_equal_params(title, spec, results):
           f" -- {'all equal' if same else 'NOT equal'}")
 
 
-# ------------------------------------------------------------------ MGK-GPT2 (registered once hf_mgk has it)
+# ------------------------------------------------------------------ MGK-GPT2
+@family("mgk-gpt2")
 def mgk_gpt2_cases(args, head_dim=None):
     """MGK-GPT2 with H/2 heads of the baseline's head size, M=2 keys, vs GPT-2 with H heads (SDPA)."""
     heads = args.heads
@@ -245,10 +246,6 @@ def mgk_gpt2_cases(args, head_dim=None):
             "cases": {base: ("gpt2", {**size, "n_head": heads}),
                       f"MGK-GPT2 soft, {heads // 2} heads": ("mgk_gpt2", half),
                       f"MGK-GPT2 hard, {heads // 2} heads": ("mgk_gpt2", {**half, "e_step": "hard"})}}
-
-
-if hasattr(hf_mgk, "MGKGPT2Config"):
-    family("mgk-gpt2")(mgk_gpt2_cases)
 
 
 class Builder(tuple):

@@ -4,7 +4,7 @@ max_position_embeddings)."""
 
 import pytest
 
-from hf_mgk import FiSHGPT2Config, MGKBertConfig, NPRFRobertaConfig
+from hf_mgk import FiSHGPT2Config, MGKBertConfig, MGKGPT2Config, NPRFRobertaConfig
 from hf_mgk.modeling_common import check_sequence_length
 
 GPT2 = dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64)
@@ -23,6 +23,45 @@ ENCODER = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention
 def test_fish_gpt2_config(kw, field):
     with pytest.raises(ValueError, match=field):
         FiSHGPT2Config(**{**GPT2, **kw})
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan"), -0.5])
+def test_fish_noise_init_must_be_finite(value):
+    """inf passed `0 <= x <= inf` before: every float field is finite and in range."""
+    with pytest.raises(ValueError, match=r"fish_noise_init must be a finite number in \[0, inf\)"):
+        FiSHGPT2Config(**{**GPT2, "fish_noise_init": value})
+
+
+# The stock configs' float fields (dropouts, initializer range, layer-norm epsilon): NaN / inf / out of range named.
+GPT2_FLOATS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout", "initializer_range",
+               "layer_norm_epsilon")
+ENCODER_FLOATS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "initializer_range",
+                  "layer_norm_eps")
+
+
+@pytest.mark.parametrize("config_cls, base, fields", [
+    (FiSHGPT2Config, GPT2, GPT2_FLOATS), (MGKGPT2Config, GPT2, GPT2_FLOATS),
+    (MGKBertConfig, ENCODER, ENCODER_FLOATS), (NPRFRobertaConfig, ENCODER, ENCODER_FLOATS)])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, 2.0])
+def test_inherited_float_fields_are_checked(config_cls, base, fields, value):
+    for field in fields:
+        if value == 2.0 and field in ("initializer_range", "layer_norm_eps", "layer_norm_epsilon"):
+            continue  # no upper bound for a scale
+        with pytest.raises(ValueError, match=f"{field} must be a finite number"):
+            config_cls(**{**base, field: value})
+    # in range passes, and classifier_dropout None still means "use hidden_dropout_prob"
+    made = config_cls(**{**base, fields[0]: 0.0, fields[-1]: 1e-6})
+    assert getattr(made, fields[0]) == 0.0
+    if "classifier_dropout" in fields:
+        assert config_cls(**base, classifier_dropout=None).classifier_dropout is None
+
+
+def test_a_field_set_after_construction_is_checked_before_saving(tmp_path):
+    config = MGKBertConfig(**ENCODER)
+    config.hidden_dropout_prob = float("nan")
+    with pytest.raises(ValueError, match="hidden_dropout_prob"):
+        config.save_pretrained(tmp_path)
+    assert not (tmp_path / "config.json").exists()
 
 
 @pytest.mark.parametrize("config_cls", [MGKBertConfig, NPRFRobertaConfig])

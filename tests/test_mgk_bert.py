@@ -422,3 +422,17 @@ def test_save_for_hub_never_overwrites_and_check_remote_code_detects_a_mismatch(
     check_remote_code(folder, {"input_ids": ids, "attention_mask": mask}, reference=reference)
     with pytest.raises(AssertionError, match="differ"):
         check_remote_code(folder, {"input_ids": ids, "attention_mask": mask}, reference=reference + 1e-3)
+
+
+@pytest.mark.parametrize("auto_class", [
+    "AutoModel; import pathlib; pathlib.Path('injected').write_text('ran')", "AutoModel\nimport os", "os.system",
+    "AutoNothingSuch", "", None, "automodel"])
+def test_check_remote_code_runs_only_an_auto_class_name(auto_class, tmp_path, monkeypatch):
+    """auto_class goes into the code the child process runs: anything but an Auto class name is refused before
+    any process starts (nothing written)."""
+    monkeypatch.chdir(tmp_path)
+    started = []
+    monkeypatch.setattr("hf_mgk.hub.run_without_package", lambda *a, **k: started.append(a))
+    with pytest.raises(ValueError, match="auto_class must name one of transformers' Auto classes"):
+        check_remote_code(tmp_path, {"input_ids": torch.ones(1, 2, dtype=torch.long)}, auto_class=auto_class)
+    assert not started and not (tmp_path / "injected").exists()

@@ -656,7 +656,7 @@ def _causal_linear(phi_q, phi_k, value):
     the N queries being the last N of the S positions (p_i = i + S - N: bottom-right alignment for cached
     decoding), in chunks of _MLK_CHUNK positions. Prefix sums of phi_k v^T per position would hold N x D x Dv
     numbers per head (gigabytes at N = 2048); here the keys of a query's own chunk come from a masked C x C
-    product and all earlier keys from the state sum_{j before the chunk} phi_k_j v_j^T, one (D, Dv) per chunk,
+    product and all earlier keys from the state sum_{j before the chunk} phi_k_j v_j^T, one (D, Dv) per chunk.
     Causal linear attention as prefix sums: Katharopoulos et al., "Transformers are RNNs" (ICML 2020), Sec. 3.3;
     the chunked evaluation: Hua et al., "Transformer Quality in Linear Time" (ICML 2022), mixed chunk attention."""
     n, s, c = phi_q.shape[2], phi_k.shape[2], _MLK_CHUNK

@@ -2,7 +2,15 @@
 
 Standard library only: this file travels next to the remote-code configuration files."""
 
+import logging
 import math
+import re
+
+# Inherited float fields of the stock configs (BERT / RoBERTa, GPT-2), checked like the family fields: a NaN or
+# infinite dropout or epsilon gives NaN outputs far from the field that caused them. (name, low, high).
+_PROBABILITIES = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "resid_pdrop",
+                  "embd_pdrop", "attn_pdrop", "summary_first_dropout")
+_POSITIVE = ("initializer_range", "layer_norm_eps", "layer_norm_epsilon")
 
 
 class ValidatedConfig:
@@ -12,9 +20,27 @@ class ValidatedConfig:
     config.json and then *sets* the keyword fields as attributes in transformers' `from_dict`, which no
     constructor check sees: so `from_dict` checks again."""
 
+    # The stock model type whose checkpoints this configuration converts (set by each family's configuration).
+    _stock_model_type = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("_stock_model_type") and cls.__dict__.get("model_type"):
+            _SUPPORTED_CONVERSIONS.add((cls._stock_model_type, cls.model_type))
+
     def check_fields(self):
         """Check every field of this family (and fill defaults derived from other fields); ValueError naming it."""
         raise NotImplementedError
+
+    def check_inherited_fields(self):
+        """The stock config's float fields this config has: probabilities in [0, 1], scales finite and > 0."""
+        for name in _PROBABILITIES:
+            # classifier_dropout None means "use hidden_dropout_prob" (BERT / RoBERTa)
+            if hasattr(self, name) and not (name == "classifier_dropout" and self.classifier_dropout is None):
+                check_float_range(name, getattr(self, name), 0, 1)
+        for name in _POSITIVE:
+            if hasattr(self, name):
+                check_float_range(name, getattr(self, name), 0, math.inf, low_inclusive=False)
 
     @classmethod
     def from_dict(cls, config_dict, **kwargs):
@@ -47,11 +73,13 @@ def check_int_range(name, value, low, high=None):
 
 
 def check_float_range(name, value, low, high, *, low_inclusive=True):
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite number in the range (NaN and +-inf refused, also where high is inf); bools refused."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     ok = ok and (value >= low if low_inclusive else value > low) and value <= high
     if not ok:
         bracket = "[" if low_inclusive else "("
-        raise ValueError(f"{name} must be a number in {bracket}{low}, {high}]; got {value!r}")
+        upper = f"{high}]" if math.isfinite(high) else "inf)"
+        raise ValueError(f"{name} must be a finite number in {bracket}{low}, {upper}; got {value!r}")
 
 
 def check_positive_numbers(name, values):
@@ -83,3 +111,36 @@ def check_head_dim(hidden_size, num_heads, head_dim, names=("hidden_size", "num_
             )
     else:
         check_int_range("head_dim", head_dim, 1)
+
+
+# transformers warns "You are using a model of type bert to instantiate a model of type mgk-bert ... can yield
+# errors" whenever a configuration is read from another model type's config.json. For the stock types a family
+# converts, that is the supported warm start, not an accident: the warning is replaced by an info line saying what
+# happens. Other mismatches (e.g. a GPT-2 config.json into MGK-BERT) keep transformers' warning.
+_SUPPORTED_CONVERSIONS = set()
+_MISMATCH = re.compile(r"You are using a model of type `?([\w-]+)`? to instantiate a model of type `?([\w-]+)`?")
+_conversion_logger = logging.getLogger("transformers.configuration_conversion")
+
+
+class _SupportedConversionFilter(logging.Filter):
+    def filter(self, record):
+        match = _MISMATCH.match(str(record.msg))
+        if not match or (match.group(1), match.group(2)) not in _SUPPORTED_CONVERSIONS:
+            return True
+        stock, ours = match.groups()
+        _conversion_logger.info(
+            f"Converting a {stock} configuration to {ours}: every {stock} field is kept; the {ours} fields take the "
+            f"values passed to from_pretrained or their defaults. The model's from_pretrained converts the weights "
+            f"(the kept heads are logged there).")
+        return False
+
+
+def _install_conversion_filter():
+    # Each copy of this file (one per remote-code checkpoint folder) adds its own filter, once; a filter drops only
+    # the pairs registered through its own copy's configuration classes.
+    target = logging.getLogger("transformers.configuration_utils")
+    if not any(isinstance(f, _SupportedConversionFilter) for f in target.filters):
+        target.addFilter(_SupportedConversionFilter())
+
+
+_install_conversion_filter()

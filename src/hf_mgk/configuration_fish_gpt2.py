@@ -33,6 +33,7 @@ class FiSHGPT2Config(ValidatedConfig, ConfigCompat, GPT2Config):
     """
 
     model_type = "fish-gpt2"
+    _stock_model_type = "gpt2"  # its checkpoints convert (the warm start); see config_checks
 
     attention_type: str = "fish"
     num_global_heads: int = 2
@@ -46,6 +47,7 @@ class FiSHGPT2Config(ValidatedConfig, ConfigCompat, GPT2Config):
 
     def check_fields(self):
         check_choice("attention_type", self.attention_type, FISH_ATTENTION_TYPES)
+        self.check_inherited_fields()
         check_head_dim(self.n_embd, self.n_head, self.head_dim, names=("n_embd", "n_head"))
         check_int_range("n_positions", self.n_positions, 1)
         if self.attention_type != "softmax":

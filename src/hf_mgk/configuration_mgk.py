@@ -36,6 +36,7 @@ class MGKConfigMixin(ValidatedConfig):
 
     def check_fields(self):
         check_choice("attention_type", self.attention_type, MGK_ATTENTION_TYPES)
+        self.check_inherited_fields()
         check_int_range("num_keys", self.num_keys, 1)
         check_choice("e_step", self.e_step, ("soft", "hard"))
         check_choice("mgk_prior", self.mgk_prior, ("learned", "em", "uniform"))

@@ -34,6 +34,7 @@ class MGKBertConfig(MGKConfigMixin, ConfigCompat, BertConfig):
     """
 
     model_type = "mgk-bert"
+    _stock_model_type = "bert"  # its checkpoints convert (the warm start); see config_checks
 
     attention_type: str = "mgk"
     num_keys: int = 2

@@ -33,6 +33,7 @@ class MGKGPT2Config(MGKConfigMixin, ConfigCompat, GPT2Config):
     """
 
     model_type = "mgk-gpt2"
+    _stock_model_type = "gpt2"  # its checkpoints convert (the warm start); see config_checks
     _size_names = ("n_embd", "n_head")
     _positions_field = "n_positions"
 

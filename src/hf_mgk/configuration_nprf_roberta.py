@@ -33,6 +33,7 @@ class NPRFRobertaConfig(ValidatedConfig, ConfigCompat, RobertaConfig):
     """
 
     model_type = "nprf-roberta"
+    _stock_model_type = "roberta"  # its checkpoints convert (the warm start); see config_checks
 
     attention_type: str = "nprf"
     normalize_qk: bool = True
@@ -51,6 +52,7 @@ class NPRFRobertaConfig(ValidatedConfig, ConfigCompat, RobertaConfig):
 
     def check_fields(self):
         check_choice("attention_type", self.attention_type, ("softmax", "nprf"))
+        self.check_inherited_fields()
         check_bool("normalize_qk", self.normalize_qk)
         check_bool("use_rpe", self.use_rpe)
         check_bool("use_absolute_positions", self.use_absolute_positions)

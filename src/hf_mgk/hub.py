@@ -15,6 +15,7 @@ import tempfile
 import textwrap
 
 import torch
+import transformers
 
 from .folders import refuse_holding_inputs, sha256_file
 
@@ -723,6 +724,12 @@ def check_remote_code(folder, inputs, auto_class="AutoModel", reference=None, py
     hf_mgk (`python`: see `run_without_package`), run it on `inputs` (a dict of tensors), and return its first
     output as a tensor. If `reference` (a tensor) is given, raise AssertionError unless the outputs agree to
     float32 round-off."""
+    # `auto_class` is written into the code the child runs: only a name of one of transformers' Auto classes may
+    # go there, never arbitrary text (e.g. "AutoModel; import os; ...").
+    if not (isinstance(auto_class, str) and re.fullmatch(r"Auto[A-Za-z]+", auto_class)
+            and hasattr(transformers, auto_class)):
+        raise ValueError(f"auto_class must name one of transformers' Auto classes (e.g. 'AutoModel', "
+                         f"'AutoModelForMaskedLM'); got {auto_class!r}")
     folder = os.path.abspath(folder)
     with tempfile.TemporaryDirectory() as work:
         torch.save(inputs, os.path.join(work, "inputs.pt"))

@@ -5,7 +5,7 @@ silently re-initialising Q/K/V and the output projection would throw the pretrai
 kept heads are the first H' of the checkpoint or a given list (`keep_heads`), their query/key/value rows and the
 matching columns of the output projection are copied, the head size stays the checkpoint's, and what was kept
 is logged and returned in `loading_info["kept_heads"]`. Used by the BERT/RoBERTa encoder families
-(`HeadSelectionMixin`) and by the GPT-2 conversion of FiSH (which keeps query/key heads as its global heads).
+(`HeadSelectionMixin`); the GPT-2 families' conversion (modeling_decoder) shares the head choice and its report.
 Imports torch, transformers and siblings only (remote code).
 """
 

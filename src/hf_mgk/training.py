@@ -205,6 +205,10 @@ def parse_args(data_class, argv=None):
 def setup_logging(training_args):
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", datefmt="%m/%d/%Y %H:%M:%S",
                         handlers=[logging.StreamHandler(sys.stdout)])
+    if training_args.should_log:
+        # As transformers' example scripts: info on the main process (Trainer's "***** Running training *****" with
+        # the total batch size), since TrainingArguments' default log_level "passive" keeps the current verbosity.
+        transformers.utils.logging.set_verbosity_info()
     level = training_args.get_process_log_level()
     logger.setLevel(level)
     transformers.utils.logging.set_verbosity(level)
