@@ -40,6 +40,7 @@ import run_clm  # noqa: E402
 import run_mlm  # noqa: E402
 
 from hf_mgk import bundled, folders, hub  # noqa: E402
+from hf_mgk.modeling_warm_start import evenly_spaced_heads, resolve_keep_heads  # noqa: E402
 
 DEFAULT_ATTENTION = {"mgk-bert": "mgk", "fish-gpt2": "hard_fish", "mgk-gpt2": "mgk", "nprf-roberta": "nprf"}
 HEADS_FIELD = {"mgk-bert": "num_attention_heads", "mgk-gpt2": "n_head", "nprf-roberta": "num_attention_heads"}
@@ -68,8 +69,11 @@ def parse_args(argv=None):
     p.add_argument("--attention_overrides", default="",
                    help="more config fields of the new attention, e.g. 'num_keys=3,e_step=hard'")
     heads = p.add_mutually_exclusive_group()
-    heads.add_argument("--heads", type=int, help="heads of the new model (the checkpoint's first ones are kept); "
-                                                 "default: half the checkpoint's for MGK, all otherwise")
+    heads.add_argument("--heads", type=int, help="heads of the new model, the checkpoint's spread evenly (6 of 12: "
+                                                 "0, 2, ..., 10); default: half the checkpoint's for MGK, all "
+                                                 "otherwise")
+    heads.add_argument("--keep_heads", help="the checkpoint heads the new model and its pruned control keep, e.g. "
+                                            "'0,1,2,3,4,5' (their number is the head count)")
     heads.add_argument("--all_heads", action="store_true", help="keep every head of the checkpoint")
     p.add_argument("--model_name_or_path", help="the stock checkpoint (default for mgk-bert: the bundled MiniLM "
                                                 "BERT; fish-gpt2 and mgk-gpt2 need a GPT-2 one, nprf-roberta a "
@@ -161,18 +165,27 @@ def checkpoint_heads(path):
 def new_heads(args):
     """Heads of the new model: --heads, else half the checkpoint's for the MGK families, else None (the family's
     own choice: every head)."""
+    if args.keep_heads:
+        return len(args.keep_heads.split(","))
     if args.heads is None and not args.all_heads and args.family in HALF_HEADS:
         return checkpoint_heads(args.model_name_or_path) // 2
     return args.heads
 
 
 def kept_heads(args):
-    """The checkpoint heads the new model keeps when it keeps fewer than all (its first ones), else None. Written
-    out and given to the new arm and its softmax control alike, so both start from the same heads."""
+    """The checkpoint heads the new model keeps when it keeps fewer than all (--keep_heads, or spread evenly as in
+    the reproduction's warm start: hf_mgk.modeling_warm_start.evenly_spaced_heads), else None. Written out and given
+    to the new arm and its softmax control alike, so both start from the same heads."""
     heads = new_heads(args)
-    if heads is None or heads >= checkpoint_heads(args.model_name_or_path):
+    available = checkpoint_heads(args.model_name_or_path)
+    if args.keep_heads:
+        try:
+            return resolve_keep_heads([int(h) for h in args.keep_heads.split(",")], 1, available)[0]
+        except ValueError as e:
+            raise SystemExit(f"--keep_heads {args.keep_heads}: {e}") from None
+    if heads is None or heads >= available:
         return None
-    return list(range(heads))
+    return evenly_spaced_heads(available, heads)
 
 
 def arms(args):

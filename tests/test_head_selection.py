@@ -308,3 +308,14 @@ def test_fish_keeps_the_listed_global_heads(tmp_path, warnings_logged):
         FiSHGPT2LMHeadModel.from_pretrained(tmp_path / "gpt2", num_global_heads=3, keep_heads=[3, 1])
     with pytest.raises(ValueError, match="keep_heads chooses which heads of a stock GPT-2 checkpoint"):
         FiSHGPT2LMHeadModel.from_pretrained(tmp_path / "gpt2", attention_type="softmax", keep_heads=[3, 1])
+
+
+def test_evenly_spaced_heads():
+    from hf_mgk.modeling_warm_start import evenly_spaced_heads
+
+    assert evenly_spaced_heads(12, 6) == [0, 2, 4, 6, 8, 10]
+    assert evenly_spaced_heads(12, 5) == [0, 2, 4, 7, 9]
+    assert evenly_spaced_heads(4, 4) == [0, 1, 2, 3] and evenly_spaced_heads(8, 1) == [0]
+    for count in (0, 13):
+        with pytest.raises(ValueError, match="count"):
+            evenly_spaced_heads(12, count)

@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertForSequenceClassification
 
 from hf_mgk import bundled
+from hf_mgk import reproduce as R
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
 import quickstart  # noqa: E402
@@ -65,12 +66,13 @@ def test_main_job_control_is_softmax_with_mgks_kept_heads(mgk_run):
     from transformers import AutoModelForMaskedLM, BertModel
 
     summary, out = mgk_run
-    assert summary["mgk"]["kept_heads"] == summary["softmax-pruned"]["kept_heads"] == [0, 1, 2, 3, 4, 5]
+    kept_heads = [0, 2, 4, 6, 8, 10]  # spread evenly, as the mgk-warmstart reproduction keeps them
+    assert summary["mgk"]["kept_heads"] == summary["softmax-pruned"]["kept_heads"] == kept_heads
     assert summary["softmax"]["kept_heads"] is None and summary["softmax-pruned"]["heads"] == 6
     assert summary["control"].startswith("softmax-pruned")
     for name in ("mgk", "softmax-pruned"):
         run = json.load(open(os.path.join(out, name, "adapt", "hf_mgk_run.json")))
-        assert run["identity"]["keep_heads"] == "0,1,2,3,4,5"
+        assert run["identity"]["keep_heads"] == "0,2,4,6,8,10" == R.WARMSTART_KEEP
     assert json.load(open(os.path.join(out, "softmax", "adapt", "hf_mgk_run.json")))["identity"]["keep_heads"] is None
     config = json.load(open(os.path.join(summary["softmax-pruned"]["folder"], "config.json")))
     assert (config["attention_type"], config["num_attention_heads"], config["head_dim"]) == ("softmax", 6, 32)
@@ -85,7 +87,7 @@ def test_main_job_control_is_softmax_with_mgks_kept_heads(mgk_run):
             if part == "output.dense":  # its input is the concatenated heads
                 theirs, ours = theirs.T, ours.T
             for head in range(6):
-                kept, other = (theirs[h * 32:(h + 1) * 32] for h in (head, head + 6))
+                kept, other = (theirs[h * 32:(h + 1) * 32] for h in (kept_heads[head], kept_heads[head] + 1))
                 block = ours[head * 32:(head + 1) * 32]
                 assert (block - kept).abs().max() < 1e-3 < (block - other).abs().max(), (layer, part, head)
 
@@ -128,7 +130,7 @@ def test_main_job_arms_and_what_the_skip_flags_skip(tmp_path):
         return [(name, quickstart.arm_overrides(args, attention, kept), kept)
                 for name, attention, kept in quickstart.arms(args)]
 
-    half = [0, 1, 2, 3, 4, 5]
+    half = [0, 2, 4, 6, 8, 10]
     assert arms("--attention_overrides", "num_keys=3") == [
         ("mgk", "attention_type=mgk,num_attention_heads=6,num_keys=3", half),
         ("softmax-pruned", "attention_type=softmax,num_attention_heads=6", half),
@@ -137,7 +139,16 @@ def test_main_job_arms_and_what_the_skip_flags_skip(tmp_path):
     assert [a[0] for a in arms("--skip_baseline")] == ["mgk"]
     assert arms("--all_heads") == [("mgk", "attention_type=mgk", None), ("softmax", "attention_type=softmax", None)]
     assert arms("--heads", "12")[0][2] is None and len(arms("--heads", "12")) == 2  # every head: nothing to prune
-    assert arms("--heads", "4")[1] == ("softmax-pruned", "attention_type=softmax,num_attention_heads=4", [0, 1, 2, 3])
+    assert arms("--heads", "4")[1] == ("softmax-pruned", "attention_type=softmax,num_attention_heads=4", [0, 3, 6, 9])
+    assert arms("--keep_heads", "0,1,2") == [
+        ("mgk", "attention_type=mgk,num_attention_heads=3", [0, 1, 2]),
+        ("softmax-pruned", "attention_type=softmax,num_attention_heads=3", [0, 1, 2]),
+        ("softmax", "attention_type=softmax", None)]
+    for bad in ("0,12", "1,1", "a,b"):  # out of range, twice the same head, not numbers
+        with pytest.raises(SystemExit, match="--keep_heads"):
+            arms("--keep_heads", bad)
+    with pytest.raises(SystemExit):  # one way to say the heads
+        arms("--keep_heads", "0,1", "--heads", "2")
 
 
 def test_main_job_exports_a_folder_that_reproduces_the_accuracy_without_hf_mgk(mgk_run):
@@ -181,7 +192,7 @@ def test_main_job_gpt2_families_from_a_stock_gpt2(family, attention, heads, tmp_
         assert config["head_dim"] == 8 and summary[attention]["heads"] == 2
         control = json.load(open(os.path.join(summary["softmax-pruned"]["folder"], "config.json")))
         assert (control["attention_type"], control["n_head"], control["head_dim"]) == ("softmax", 2, 8)
-        assert summary["softmax-pruned"]["kept_heads"] == summary[attention]["kept_heads"] == [0, 1]
+        assert summary["softmax-pruned"]["kept_heads"] == summary[attention]["kept_heads"] == [0, 2]
     else:  # FiSH keeps every head: no pruned control
         assert "softmax-pruned" not in summary and summary["control"].startswith("none: fish-gpt2 hard_fish keeps")
     assert summary[attention]["parameters"] < summary["softmax"]["parameters"]

@@ -43,6 +43,14 @@ def single_device(device_map):
         ) from None
 
 
+def evenly_spaced_heads(available, count):
+    """`count` of `available` heads spread evenly (head i * available // count): one from each group of adjacent
+    heads rather than the first ones (6 of 12: 0, 2, ..., 10). The default choice of the quickstart and of the
+    reproduction's warm start, so both prune to the same heads."""
+    check_int_range("count", count, 1, available)
+    return [i * available // count for i in range(count)]
+
+
 def resolve_keep_heads(keep_heads, num_layers, available, count=None, count_name="num_attention_heads"):
     """Per-layer lists of the checkpoint heads to keep, validated.
 

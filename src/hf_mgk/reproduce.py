@@ -20,6 +20,8 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from .modeling_warm_start import evenly_spaced_heads
+
 # Held-out plays: whole documents, chosen once (alphabetical positions spread over the collection), never
 # seen by the tokenizer or the training split.
 HELD_OUT_PLAYS = ("hamlet", "twelfth_night")
@@ -270,7 +272,7 @@ _register(Claim(
            "are the comparison MGK Fig. 7 makes (its LRA models attend both ways).")))
 
 # MiniLM (the bundled 6-layer BERT, 12 heads of 32): half its heads kept, the same ones for both H/2 arms.
-WARMSTART_KEEP = "0,2,4,6,8,10"
+WARMSTART_KEEP = ",".join(map(str, evenly_spaced_heads(12, 6)))  # 0,2,...,10: the quickstart's default too
 _register(Claim(
     name="mgk-warmstart", title="MGK-BERT warm-started from MiniLM with half its heads, with its control",
     source=("Nguyen et al., Improving Transformers with Probabilistic Attention Keys (ICML 2022), App. B (H/2 "
