@@ -52,8 +52,8 @@ import time
 import torch
 from torch.utils import flop_counter
 
-import hf_mgk
 from hf_mgk import flops as paper
+from hf_mgk.families import FAMILIES as MODEL_FAMILIES
 
 FAMILIES = {}
 
@@ -260,26 +260,32 @@ class Builder(tuple):
 
 
 NO_POOLER = {"add_pooling_layer": False}
+
+
+def _names(family):
+    """An hf-mgk family's config and base model class names, from the registry."""
+    return MODEL_FAMILIES[family].config_name, MODEL_FAMILIES[family].classes["base"]
+
+
 # Child processes rebuild a case from its kind and JSON overrides.
 BUILDERS = {
     "bert": Builder("transformers", "BertConfig", "BertModel", BERT_SIZE, "max_position_embeddings", 512,
                     NO_POOLER, "sdpa"),
-    "mgk": Builder("hf_mgk", "MGKBertConfig", "MGKBertModel", BERT_SIZE, "max_position_embeddings", 512,
+    "mgk": Builder("hf_mgk", *_names("mgk-bert"), BERT_SIZE, "max_position_embeddings", 512,
                    NO_POOLER, None),
     "gpt2": Builder("transformers", "GPT2Config", "GPT2Model", GPT2_SIZE, "n_positions", 1024, {}, "sdpa",
                     attention="attn"),
-    "fish_gpt2": Builder("hf_mgk", "FiSHGPT2Config", "FiSHGPT2Model", GPT2_SIZE, "n_positions", 1024, {}, None,
+    "fish_gpt2": Builder("hf_mgk", *_names("fish-gpt2"), GPT2_SIZE, "n_positions", 1024, {}, None,
                          attention="attn"),
     "roberta": Builder("transformers", "RobertaConfig", "RobertaModel", NPRF_WIDTH, "max_position_embeddings", 0,
                        NO_POOLER, "sdpa", offset=2),
-    "nprf_roberta": Builder("hf_mgk", "NPRFRobertaConfig", "NPRFRobertaModel",
+    "nprf_roberta": Builder("hf_mgk", *_names("nprf-roberta"),
                             {**NPRF_WIDTH, "use_absolute_positions": False,
                              "num_random_features": NPRF_ATTN["features"]},
                             "max_position_embeddings", 0, NO_POOLER, None, offset=2),
     "longformer": Builder("transformers", "LongformerConfig", "LongformerModel", {**NPRF_WIDTH, "attention_window": 256},
                           "max_position_embeddings", 0, NO_POOLER, None, offset=2),
-    # MGK-GPT2 (hf_mgk.MGKGPT2Config: GPT2Config fields + attention_type, num_keys, e_step, mgk_prior, head_dim)
-    "mgk_gpt2": Builder("hf_mgk", "MGKGPT2Config", "MGKGPT2Model", GPT2_SIZE, "n_positions", 1024, {}, None,
+    "mgk_gpt2": Builder("hf_mgk", *_names("mgk-gpt2"), GPT2_SIZE, "n_positions", 1024, {}, None,
                         attention="attn"),
 }
 

@@ -40,12 +40,9 @@ import run_clm  # noqa: E402
 import run_mlm  # noqa: E402
 
 from hf_mgk import bundled, folders, hub  # noqa: E402
+from hf_mgk.families import FAMILIES  # noqa: E402
 from hf_mgk.modeling_warm_start import evenly_spaced_heads, resolve_keep_heads  # noqa: E402
 
-DEFAULT_ATTENTION = {"mgk-bert": "mgk", "fish-gpt2": "hard_fish", "mgk-gpt2": "mgk", "nprf-roberta": "nprf"}
-HEADS_FIELD = {"mgk-bert": "num_attention_heads", "mgk-gpt2": "n_head", "nprf-roberta": "num_attention_heads"}
-# Half the heads is the MGK paper's claim (App. B); FiSH keeps every local head and shares M global ones.
-HALF_HEADS = {"mgk-bert", "mgk-gpt2"}
 # The arm that asks whether the new attention recovers what pruning loses: softmax with the new model's kept heads.
 CONTROL = "softmax-pruned"
 FINETUNE_LENGTH = 64  # the fine-tuning stage's sentence length (run_glue.py pads to it)
@@ -55,14 +52,11 @@ WARMUP_ROUNDS = 5
 TIMING_BATCHES = 4
 # In --output_dir: the entries a run writes there, so that --overwrite removes those and nothing of the user's.
 RECORD = ".hf_mgk_quickstart.json"
-# What each family is warm-started from (and adapted by: run_clm.py for GPT-2, run_mlm.py for the encoders).
-CHECKPOINT = {"mgk-bert": ("BERT", "bert-base-uncased"), "fish-gpt2": ("GPT-2", "gpt2"),
-              "mgk-gpt2": ("GPT-2", "gpt2"), "nprf-roberta": ("RoBERTa", "roberta-base")}
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--family", default="mgk-bert", choices=sorted(DEFAULT_ATTENTION),
+    p.add_argument("--family", default="mgk-bert", choices=sorted(FAMILIES),
                    help="which hf-mgk family to train (default mgk-bert)")
     p.add_argument("--attention_type", help="the family's attention to compare with softmax (default: mgk, "
                                             "hard_fish, nprf)")
@@ -102,11 +96,11 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.model_name_or_path is None:
         if args.family != "mgk-bert":
-            kind, example = CHECKPOINT[args.family]
-            p.error(f"--family {args.family} needs --model_name_or_path: a stock {kind} checkpoint (e.g. "
-                    f"{example}); only a BERT one ships offline")
+            family = FAMILIES[args.family]
+            p.error(f"--family {args.family} needs --model_name_or_path: a stock {family.stock_title} checkpoint "
+                    f"(e.g. {family.stock_example}); only a BERT one ships offline")
         args.model_name_or_path = bundled.bert_checkpoint_dir()
-    args.attention_type = args.attention_type or DEFAULT_ATTENTION[args.family]
+    args.attention_type = args.attention_type or FAMILIES[args.family].default_attention
     if args.attention_type == "softmax":
         p.error("--attention_type softmax is the baseline itself; choose the attention to compare with it")
     for name in ("adapt_steps", "finetune_steps", "batch_size", "max_seq_length", "timing_rounds"):
@@ -167,7 +161,7 @@ def new_heads(args):
     own choice: every head)."""
     if args.keep_heads:
         return len(args.keep_heads.split(","))
-    if args.heads is None and not args.all_heads and args.family in HALF_HEADS:
+    if args.heads is None and not args.all_heads and FAMILIES[args.family].half_heads:  # MGK App. B: H/2 heads
         return checkpoint_heads(args.model_name_or_path) // 2
     return args.heads
 
@@ -210,10 +204,10 @@ def arm_overrides(args, attention_type, kept):
     else:
         heads = new_heads(args)
     if heads is not None:
-        if args.family not in HEADS_FIELD:
+        if FAMILIES[args.family].heads_field is None:
             raise SystemExit(f"--heads: {args.family} keeps the checkpoint's heads (FiSH shares its first "
                              "num_global_heads query/key heads); set num_global_heads in --attention_overrides")
-        fields.append(f"{HEADS_FIELD[args.family]}={heads}")
+        fields.append(f"{FAMILIES[args.family].heads_field}={heads}")
     if attention_type != "softmax" and args.attention_overrides:
         fields.append(args.attention_overrides)
     return ",".join(fields)
@@ -230,7 +224,7 @@ def common_args(args, output_dir):
 def run_arm(args, name, attention_type, kept, adapt_train, adapt_eval, reviews):
     """Adapt, then fine-tune, one model; returns its numbers and its adapted and fine-tuned folders."""
     folder = os.path.join(args.output_dir, name)
-    lm = run_clm if CHECKPOINT[args.family][0] == "GPT-2" else run_mlm
+    lm = run_clm if FAMILIES[args.family].decoder else run_mlm  # the decoders adapt as causal LMs
     lm_args = ["--model_name_or_path", args.model_name_or_path, "--family", args.family,
                "--attention_overrides", arm_overrides(args, attention_type, kept),
                "--train_file", adapt_train, "--validation_file", adapt_eval,
@@ -379,7 +373,7 @@ def timing_phase(args, results, reviews_train, adapt_train):
     from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSequenceClassification
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    causal = CHECKPOINT[args.family][0] == "GPT-2"
+    causal = FAMILIES[args.family].decoder
     tokenizer_folder = results[args.attention_type]["folders"]  # every arm has the checkpoint's tokenizer
     stages = {
         "adapt": (AutoModelForCausalLM if causal else AutoModelForMaskedLM,

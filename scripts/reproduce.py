@@ -28,6 +28,7 @@ import sys
 import time
 
 from hf_mgk import reproduce as R
+from hf_mgk.families import FAMILIES
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = {"clm": "run_clm.py", "mlm": "run_mlm.py"}
@@ -253,12 +254,11 @@ def lm_head_share(claim, args, data):
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    import hf_mgk
     from hf_mgk import training
 
     r = R.recipe(claim, args.scale)
     arm = claim.arms[0]
-    config_class = getattr(hf_mgk, training.FAMILY_CONFIGS[claim.family])
+    config_class = FAMILIES[claim.family].config_class
     config = config_class(**R.arm_config(claim, arm, args.scale, data["vocab_size"], data["special_ids"]))
     model = training.model_class(claim.family, claim.kind)(config).eval()
     ids = torch.randint(5, data["vocab_size"], (1, r.block_size))

@@ -29,6 +29,7 @@ from typing import Optional
 from transformers import Trainer, default_data_collator, set_seed
 
 from hf_mgk import lm_eval, training
+from hf_mgk.families import FAMILIES
 
 logger = logging.getLogger("run_clm")
 
@@ -66,7 +67,7 @@ class DataTrainingArguments(training.DataArguments):
 
 def decoder_kwargs(model_args, family):
     """NPRF-RoBERTa predicts the next token only with causal attention: is_decoder=True."""
-    if family != "nprf-roberta":
+    if not FAMILIES[family].causal_lm_is_decoder:
         return {}
     saved = training.checkpoint_config(model_args)
     if saved is not None and not saved.get("is_decoder", False):

@@ -28,6 +28,7 @@ import transformers
 from transformers import DataCollatorWithPadding, Trainer, default_data_collator
 
 from hf_mgk import training
+from hf_mgk.families import FAMILIES
 from hf_mgk.metrics import load_metric
 
 logger = logging.getLogger("run_glue")
@@ -372,7 +373,7 @@ def load_model_and_tokenizer(model_args, label_list, task):
     config_kwargs = {"num_labels": 1} if id2label is None else {
         "id2label": id2label, "label2id": {name: i for i, name in id2label.items()}}
     config_kwargs.update(training.new_model_kwargs(model_args, tokenizer))
-    if padding_set or family in training.DECODER_FAMILIES:  # GPT-2 classifies from the last token not padding
+    if padding_set or FAMILIES[family].decoder:  # GPT-2 classifies from the last token not padding
         config_kwargs["pad_token_id"] = tokenizer.pad_token_id
     model, family = training.load_model(model_args, "seq-cls", **config_kwargs)
     model.config.finetuning_task = task  # set here: from_pretrained takes only the checkpoint config's fields

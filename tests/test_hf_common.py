@@ -25,6 +25,7 @@ import pytest
 import transformers
 
 import hf_mgk
+from hf_mgk.families import FAMILIES
 
 pytestmark = pytest.mark.slow  # about 800 tests: 2-4 minutes on 2 cores
 
@@ -34,20 +35,16 @@ PACKAGE = "hf_common_tests"  # transformers' tests/ imported under its own name 
 
 # The task of each of our classes, as transformers' name maps (`MODEL_FOR_*_MAPPING_NAMES`) give it for a built-in
 # model: the common tests add labels and choose checks by these maps. Only the loaded test module's copies change.
-TASKS = {
-    "MODEL_MAPPING_NAMES": {"mgk-bert": "MGKBertModel", "fish-gpt2": "FiSHGPT2Model", "mgk-gpt2": "MGKGPT2Model",
-                            "nprf-roberta": "NPRFRobertaModel"},
-    "MODEL_FOR_MASKED_LM_MAPPING_NAMES": {"mgk-bert": "MGKBertForMaskedLM", "nprf-roberta": "NPRFRobertaForMaskedLM"},
-    "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES": {"fish-gpt2": "FiSHGPT2LMHeadModel", "mgk-gpt2": "MGKGPT2LMHeadModel",
-                                          "nprf-roberta": "NPRFRobertaForCausalLM"},
-    "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES": {"mgk-bert": "MGKBertForSequenceClassification",
-                                                        "fish-gpt2": "FiSHGPT2ForSequenceClassification",
-                                                        "mgk-gpt2": "MGKGPT2ForSequenceClassification",
-                                                        "nprf-roberta": "NPRFRobertaForSequenceClassification"},
-    "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES": {"mgk-bert": "MGKBertForTokenClassification"},
-    "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES": {"mgk-bert": "MGKBertForQuestionAnswering",
-                                                   "nprf-roberta": "NPRFRobertaForQuestionAnswering"},
-}
+AUTO_MAPPING_NAMES = {
+    "AutoModel": "MODEL_MAPPING_NAMES", "AutoModelForMaskedLM": "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+    "AutoModelForCausalLM": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    "AutoModelForSequenceClassification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+    "AutoModelForTokenClassification": "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+    "AutoModelForQuestionAnswering": "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES"}
+# From the family registry (each family's `_auto_map`): a new family's classes get their task here by themselves.
+TASKS = {mapping: {name: family.pretrained_class._auto_map[auto] for name, family in FAMILIES.items()
+                   if auto in family.pretrained_class._auto_map}
+         for auto, mapping in AUTO_MAPPING_NAMES.items()}
 
 
 def load_common_tests():
@@ -160,12 +157,10 @@ else:
 
     # The softmax baseline of each family runs every class; the heads are the same code for every attention type,
     # so the other types run the base model and the language-model head.
-    MGK = (hf_mgk.MGKBertModel, hf_mgk.MGKBertForMaskedLM, hf_mgk.MGKBertForSequenceClassification,
-           hf_mgk.MGKBertForTokenClassification, hf_mgk.MGKBertForQuestionAnswering)
-    FISH = (hf_mgk.FiSHGPT2Model, hf_mgk.FiSHGPT2LMHeadModel, hf_mgk.FiSHGPT2ForSequenceClassification)
-    MGK_GPT2 = (hf_mgk.MGKGPT2Model, hf_mgk.MGKGPT2LMHeadModel, hf_mgk.MGKGPT2ForSequenceClassification)
-    NPRF = (hf_mgk.NPRFRobertaModel, hf_mgk.NPRFRobertaForMaskedLM, hf_mgk.NPRFRobertaForSequenceClassification,
-            hf_mgk.NPRFRobertaForQuestionAnswering)
+    # Every class of a family, from the registry, base model and LM head first (the cases below test those two
+    # with the family's own attention); NPRF-RoBERTa's causal LM runs in its decoder cases.
+    MGK, FISH, MGK_GPT2 = (tuple(FAMILIES[f].auto_map.values()) for f in ("mgk-bert", "fish-gpt2", "mgk-gpt2"))
+    NPRF = tuple(c for c in FAMILIES["nprf-roberta"].auto_map.values() if c is not hf_mgk.NPRFRobertaForCausalLM)
 
     MGKBertSoftmaxTest = family_case("MGKBertSoftmaxTest", hf_mgk.MGKBertConfig,
                                      dict(BERT, attention_type="softmax"), MGK, token_type_ids=True)

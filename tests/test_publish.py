@@ -17,6 +17,7 @@ from transformers import AutoTokenizer, Trainer, TrainingArguments
 
 import hf_mgk
 from hf_mgk import bundled, hub, training
+from hf_mgk.families import FAMILIES
 from hf_mgk.folders import sha256_file
 from hf_mgk.modeling_mgk_bert import MGKBertForSequenceClassification
 
@@ -208,7 +209,7 @@ def test_each_family_card_warm_start_and_hub_dataset(tmp_path, family, cls, conf
     assert summary["pipeline_tag"] == pipeline and summary["checked"]
     card = ModelCard.load(os.path.join(folder, "README.md"))
     assert card.data.pipeline_tag == pipeline and family in card.data.tags
-    assert f"with **{hub.FAMILY_TITLES[family]}** (`model_type: {family}`" in card.text
+    assert f"with **{FAMILIES[family].title}** (`model_type: {family}`" in card.text
     assert card.data.base_model == "bert-base-uncased" and card.data.datasets == ["wikitext"]
     got = {(r.metric_name, r.dataset_split): (r.metric_type, r.metric_value) for r in card.data.eval_results}
     assert got == {("perplexity", "validation"): ("perplexity", 12.18),

@@ -11,9 +11,8 @@ import statistics
 
 import pytest
 
-import hf_mgk
 from hf_mgk import reproduce as R
-from hf_mgk import training
+from hf_mgk.families import FAMILIES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,7 +50,7 @@ def test_every_arm_builds_a_valid_config(name, scale):
     """Every arm's overrides are real config fields of its family with valid values, at every scale, and the arms
     differ only in the attention (the recipe's sizes are shared)."""
     claim = R.CLAIMS[name]
-    config_class = getattr(hf_mgk, training.FAMILY_CONFIGS[claim.family])
+    config_class = FAMILIES[claim.family].config_class
     configs = []
     for arm in claim.arms:
         config = R.arm_config(claim, arm, scale, 300, {"eos": 5, "pad": 0})

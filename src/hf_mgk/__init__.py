@@ -1,7 +1,7 @@
 """hf-mgk: MGK, FiSH and NPRF attention as ordinary HuggingFace Transformers models.
 
-Importing the package registers every configuration and model with the Auto classes, and attaches the Auto
-mapping to each config class so `save_pretrained` writes an `auto_map` naming all of them (remote code)."""
+Importing the package registers every family of `hf_mgk.families` (its configuration and models) with the Auto
+classes; each model's `save_pretrained` writes an `auto_map` naming all of them (remote code)."""
 
 from .attention_fish import fish_attention
 from .attention_mgk import mgk_attention, mlk_attention, smgk_attention
@@ -27,49 +27,15 @@ from .modeling_nprf_roberta import (
     NPRFRobertaForSequenceClassification,
     NPRFRobertaModel,
 )
+from .families import FAMILIES
 from .registration import register_family
 
 __version__ = "0.1.0"
 
-register_family(
-    MGKBertConfig,
-    {
-        "AutoModel": MGKBertModel,
-        "AutoModelForMaskedLM": MGKBertForMaskedLM,
-        "AutoModelForSequenceClassification": MGKBertForSequenceClassification,
-        "AutoModelForTokenClassification": MGKBertForTokenClassification,
-        "AutoModelForQuestionAnswering": MGKBertForQuestionAnswering,
-    },
-)
-
-register_family(
-    MGKGPT2Config,
-    {
-        "AutoModel": MGKGPT2Model,
-        "AutoModelForCausalLM": MGKGPT2LMHeadModel,
-        "AutoModelForSequenceClassification": MGKGPT2ForSequenceClassification,
-    },
-)
-
-register_family(
-    FiSHGPT2Config,
-    {
-        "AutoModel": FiSHGPT2Model,
-        "AutoModelForCausalLM": FiSHGPT2LMHeadModel,
-        "AutoModelForSequenceClassification": FiSHGPT2ForSequenceClassification,
-    },
-)
-
-register_family(
-    NPRFRobertaConfig,
-    {
-        "AutoModel": NPRFRobertaModel,
-        "AutoModelForMaskedLM": NPRFRobertaForMaskedLM,
-        "AutoModelForCausalLM": NPRFRobertaForCausalLM,
-        "AutoModelForSequenceClassification": NPRFRobertaForSequenceClassification,
-        "AutoModelForQuestionAnswering": NPRFRobertaForQuestionAnswering,
-    },
-)
+# Every family of the registry (hf_mgk.families), each model under the Auto class its `_auto_map` names.
+for _family in FAMILIES.values():
+    register_family(_family.config_class, _family.auto_map)
+del _family
 
 __all__ = [
     "nprf_attention",

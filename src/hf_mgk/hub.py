@@ -17,6 +17,7 @@ import textwrap
 import torch
 import transformers
 
+from .families import FAMILIES
 from .folders import refuse_holding_inputs, sha256_file
 
 DEFAULT_REVISION = "v1"
@@ -33,8 +34,6 @@ PIPELINES = {
     "AutoModelForQuestionAnswering": ("question-answering", "Extractive question answering"),
     "AutoModel": ("feature-extraction", "Feature extraction"),
 }
-FAMILY_TITLES = {"mgk-bert": "MGK-BERT", "fish-gpt2": "FiSH-GPT2", "mgk-gpt2": "MGK-GPT2",
-                 "nprf-roberta": "NPRF-RoBERTa"}
 ATTENTION_FIELDS = ("attention_type", "num_keys", "e_step", "mgk_prior", "mgk_variances", "num_global_heads",
                     "fish_noise_init", "normalize_qk", "use_rpe", "num_random_features", "rpe_num_buckets",
                     "use_absolute_positions", "head_dim")
@@ -286,7 +285,7 @@ def _summary(model, run):
     family = config.model_type
     n_params = sum(p.numel() for p in model.parameters())
     auto = auto_class_of(model)
-    text = (f"{PIPELINES[auto][1]} with **{FAMILY_TITLES.get(family, family)}** (`model_type: {family}`, "
+    text = (f"{PIPELINES[auto][1]} with **{FAMILIES[family].title if family in FAMILIES else family}** (`model_type: {family}`, "
             f"`attention_type: {getattr(config, 'attention_type', '?')}`), {n_params / 1e6:.2f}M parameters")
     if run is None:
         return text + "."

@@ -28,8 +28,7 @@ import transformers
 from transformers import AutoConfig, AutoTokenizer, HfArgumentParser, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 
-from .configuration_fish_gpt2 import FISH_ATTENTION_TYPES
-from .configuration_mgk import MGK_ATTENTION_TYPES
+from .families import FAMILIES, STOCK_FAMILIES, TASK_AUTO, TASK_NAMES, family_of_attention
 from .folders import checkpoint_folders, refuse_holding_inputs, sha256_file, trainer_checkpoints
 
 logger = logging.getLogger("hf_mgk.training")
@@ -38,34 +37,6 @@ RUN_FILE = "hf_mgk_run.json"
 # What Trainer.save_metrics writes: <split>_results.json, and all_results.json, which it reads and updates (so an
 # earlier run's would carry that run's metrics into the new one's).
 RESULTS_FILES = ("all_results.json", "train_results.json", "eval_results.json", "predict_results.json")
-
-# A stock checkpoint's model_type -> the hf-mgk families that warm-start from it, the default first.
-STOCK_FAMILIES = {"bert": ("mgk-bert",), "gpt2": ("fish-gpt2", "mgk-gpt2"), "roberta": ("nprf-roberta",)}
-# The attention types that name one family of a stock checkpoint's several ("softmax" is every family's): each
-# family's own list, from its configuration.
-FAMILY_OF_ATTENTION = {t: family for family, types in (("mgk-gpt2", MGK_ATTENTION_TYPES),
-                                                       ("fish-gpt2", FISH_ATTENTION_TYPES))
-                       for t in types if t != "softmax"}
-
-# family -> task -> class name in hf_mgk. Tasks: mlm, clm, seq-cls, qa.
-FAMILY_CLASSES = {
-    "mgk-bert": {"mlm": "MGKBertForMaskedLM", "seq-cls": "MGKBertForSequenceClassification",
-                 "qa": "MGKBertForQuestionAnswering", "base": "MGKBertModel"},
-    "fish-gpt2": {"clm": "FiSHGPT2LMHeadModel", "seq-cls": "FiSHGPT2ForSequenceClassification",
-                  "base": "FiSHGPT2Model"},
-    "mgk-gpt2": {"clm": "MGKGPT2LMHeadModel", "seq-cls": "MGKGPT2ForSequenceClassification",
-                 "base": "MGKGPT2Model"},
-    "nprf-roberta": {"mlm": "NPRFRobertaForMaskedLM", "clm": "NPRFRobertaForCausalLM",
-                     "seq-cls": "NPRFRobertaForSequenceClassification", "qa": "NPRFRobertaForQuestionAnswering",
-                     "base": "NPRFRobertaModel"},
-}
-FAMILY_CONFIGS = {"mgk-bert": "MGKBertConfig", "fish-gpt2": "FiSHGPT2Config", "mgk-gpt2": "MGKGPT2Config",
-                  "nprf-roberta": "NPRFRobertaConfig"}
-# The families whose models read text left to right (GPT-2's stack): their classifiers read the last real token.
-DECODER_FAMILIES = ("fish-gpt2", "mgk-gpt2")
-TASK_NAMES = {"mlm": "masked language modeling", "clm": "causal language modeling",
-              "seq-cls": "sequence classification", "qa": "extractive question answering"}
-
 
 @dataclass
 class ModelArguments:
@@ -82,10 +53,10 @@ class ModelArguments:
         "has it (mgk/smgk/mlk/smlk: mgk-gpt2; fish/hard_fish/gfish/hard_gfish/mish: fish-gpt2), else the "
         "checkpoint's first family (gpt2: fish-gpt2; bert: mgk-bert; roberta: nprf-roberta). An hf-mgk folder "
         "is of its own family: a different --family is an error."),
-        "choices": sorted(FAMILY_CONFIGS)})
+        "choices": sorted(FAMILIES)})
     model_type: Optional[str] = field(default=None, metadata={
         "help": "Train from scratch: the family to build (with --config_overrides and --tokenizer_name).",
-        "choices": sorted(FAMILY_CONFIGS)})
+        "choices": sorted(FAMILIES)})
     config_overrides: Optional[str] = field(default=None, metadata={"help": (
         "Only with --model_type (as upstream): config fields of the new model, comma-separated key=value, values "
         "parsed as JSON, e.g. 'attention_type=mgk,num_keys=2,num_hidden_layers=4,mgk_variances=[1,3]'.")})
@@ -124,7 +95,7 @@ class ModelArguments:
                              "--model_type with --config_overrides")
         if self.model_name_or_path is None and self.model_type is None and self.config_name is None:
             raise ValueError("give --model_name_or_path (a checkpoint to start from) or --model_type (a new model, "
-                             f"one of {', '.join(sorted(FAMILY_CONFIGS))})")
+                             f"one of {', '.join(sorted(FAMILIES))})")
         if self.model_name_or_path is not None:
             check_model_folder(self.model_name_or_path)
         if self.family is not None and self.model_name_or_path is None:
@@ -378,7 +349,7 @@ def family_of(model_args):
     source = model_args.model_name_or_path or model_args.config_name
     if model_type in STOCK_FAMILIES:
         family = stock_family(model_type, model_args)
-    elif model_type in FAMILY_CONFIGS:
+    elif model_type in FAMILIES:
         family = model_type
         if model_args.family is not None and model_args.family != family:
             raise ValueError(f"--family {model_args.family} contradicts {source}, a saved {family} model; an hf-mgk "
@@ -386,7 +357,7 @@ def family_of(model_args):
     else:
         raise ValueError(
             f"{source} is a {model_type!r} checkpoint; hf-mgk warm-starts from {', '.join(sorted(STOCK_FAMILIES))} "
-            f"checkpoints and continues {', '.join(sorted(FAMILY_CONFIGS))} ones")
+            f"checkpoints and continues {', '.join(sorted(FAMILIES))} ones")
     if model_args.model_type is not None and model_args.model_type != family:
         hint = (f" (--family {model_args.model_type} chooses it for a stock {model_type!r} checkpoint)"
                 if model_args.model_type in STOCK_FAMILIES.get(model_type, ()) else "")
@@ -406,7 +377,7 @@ def stock_family(model_type, model_args):
                              f"{' or '.join(families)}")
         return model_args.family
     attention = parse_overrides(model_args.attention_overrides, None, "--attention_overrides").get("attention_type")
-    inferred = FAMILY_OF_ATTENTION.get(attention)
+    inferred = family_of_attention(model_type).get(attention)
     if inferred in families:
         return inferred
     if len(families) > 1:
@@ -416,11 +387,12 @@ def stock_family(model_type, model_args):
 
 
 def model_class(family, task):
-    classes = FAMILY_CLASSES[family]
+    classes = FAMILIES[family].classes
     if task not in classes:
         tasks = ", ".join(TASK_NAMES[t] for t in classes if t in TASK_NAMES)
         raise ValueError(f"{family} has no model for {TASK_NAMES[task]}; it has: {tasks}")
-    return getattr(_package(), classes[task])
+    _package()  # registered with the Auto classes before any model is made
+    return FAMILIES[family].auto_map[TASK_AUTO[task]]
 
 
 def load_tokenizer(model_args):
@@ -438,7 +410,7 @@ def load_model(model_args, task, **config_kwargs):
     `config_kwargs`: what the task sets in the config (num_labels, is_decoder, ...). Returns (model, family)."""
     family = family_of(model_args)
     cls = model_class(family, task)
-    config_class = getattr(_package(), FAMILY_CONFIGS[family])
+    config_class = FAMILIES[family].config_class
     if model_args.model_name_or_path is not None:
         kwargs = {**parse_overrides(model_args.attention_overrides, config_class, "--attention_overrides"),
                   **config_kwargs}
@@ -767,7 +739,7 @@ def new_model_kwargs(model_args, tokenizer):
     belongs to its own family's tokenizer (NPRF-RoBERTa counts positions from its pad id, BERT's [PAD] is 0)."""
     if model_args.model_type is None or model_args.model_name_or_path or model_args.config_name:
         return {}
-    config_class = getattr(_package(), FAMILY_CONFIGS[model_args.model_type])
+    config_class = FAMILIES[model_args.model_type].config_class
     if tokenizer.pad_token_id is None or "pad_token_id" in parse_overrides(
             model_args.config_overrides, config_class, "--config_overrides"):
         return {}
@@ -778,7 +750,8 @@ def position_limit(config):
     """(the longest input the model's absolute position table takes, why); (None, why) without such a table."""
     if getattr(config, "use_absolute_positions", True) is False:
         return None, "use_absolute_positions=False"
-    if config.model_type == "nprf-roberta":  # fairseq positions start after the padding index
+    family = FAMILIES.get(config.model_type)
+    if family is not None and family.positions_after_padding:  # fairseq positions start after the padding index
         offset = config.pad_token_id + 1
         return (config.max_position_embeddings - offset,
                 f"max_position_embeddings={config.max_position_embeddings} minus RoBERTa's padding offset {offset}")
