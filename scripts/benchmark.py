@@ -433,8 +433,8 @@ def attention_matrix_params(attn):
 
 
 def app_d(config, batch, length):
-    """App. D (hf_mgk.fish_cost) for the whole model: per layer x layers x batch."""
-    from hf_mgk.attention_fish import fish_cost
+    """App. D (hf_mgk.flops.fish_cost) for the whole model: per layer x layers x batch."""
+    fish_cost = paper.fish_cost
 
     kind = getattr(config, "attention_type", "softmax")
     head_dim = getattr(config, "head_dim", None) or config.n_embd // config.n_head
@@ -705,7 +705,7 @@ def print_param_table(title, spec, results):
     base = spec["baseline"]
     print(f"\n## {title.rstrip('.')}: parameters")
     print("'attention-matrix part': Q/K projection weights (no bias) + mixing weights + sigma_k, all layers; "
-          "counted on the modules vs App. D (iii)/(iv) (hf_mgk.fish_cost; the GFiSH/MiSH/hard terms are the "
+          "counted on the modules vs App. D (iii)/(iv) (hf_mgk.flops.fish_cost; the GFiSH/MiSH/hard terms are the "
           "package's extension of App. D). 'attention layers': every parameter of the attention modules.")
     print("| model | whole model | x base | attention layers | x base | attention-matrix part, counted | x base | "
           "attention-matrix part, App. D | x base |")

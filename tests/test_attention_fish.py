@@ -8,7 +8,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hf_mgk.attention_fish as af
-from hf_mgk.attention_fish import fish_attention, fish_attention_reference, fish_cost, make_gfish_mixing
+from hf_mgk.attention_fish import fish_attention, fish_attention_reference, make_gfish_mixing
+from hf_mgk.flops import fish_cost
 
 B, M, H = 2, 2, 3
 VARIANTS = ["hard_fish", "fish", "mish", "mish_noise", "hard_gfish", "gfish"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hf_mgk.attention_fish import fish_cost
+from hf_mgk.flops import fish_cost
 
 from conftest import load_benchmark_script
 

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPT2ForSequenceClassi
 
 from conftest import assert_close, left_padded, positions
 from hf_mgk import FiSHGPT2Config, FiSHGPT2ForSequenceClassification, FiSHGPT2LMHeadModel, FiSHGPT2Model
-from hf_mgk.attention_fish import fish_cost
+from hf_mgk.flops import fish_cost
 from hf_mgk.hub import assert_same_outputs, run_without_package
 
 TINY = dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,

@@ -16,7 +16,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from hf_mgk import flops
 from hf_mgk import attention_nprf as an
-from hf_mgk.attention_fish import fish_cost
+from hf_mgk.flops import fish_cost
 
 N, DX = 12, 32
 

@@ -7,8 +7,8 @@ d_model = D_x the hidden size, D the head size, M keys per position (MGK), m ran
 - MGK, App. B of "Improving Transformers with Probabilistic Attention Keys" (Nguyen et al., ICML 2022):
   FLOPs of one attention layer (Q, K, V projections, Q K^T, A V, output projection; no softmax, no bias),
   a product (m x k)(k x n) counted as m n (2k - 1) operations. `mgk_attention_flops` / `mgk_attention_params`.
-- FiSH, App. D of "Transformers with a Finite Admixture of Shared Heads": `hf_mgk.attention_fish.fish_cost`
-  (the attention-matrix part only), re-exported here as `fish_cost`.
+- FiSH, App. D of "Transformers with a Finite Admixture of Shared Heads": `fish_cost` (the attention-matrix part
+  only).
 - NPRF, "Stable, Fast and Accurate: Kernelized Attention with Relative Positional Encoding" (Luo et al., 2021)
   states its cost only as O(N log N) (§3.2, the Toeplitz products of Eqs. (12)-(13) by FFT) against the O(N^2)
   of forming the N x N matrix; it gives no count. `nprf_attention_flops` counts those products itself.
@@ -18,8 +18,6 @@ states and asserts, for each formula, how it relates to what FlopCounterMode cou
 """
 
 import math
-
-from .attention_fish import fish_cost
 
 __all__ = ["mgk_attention_flops", "mgk_attention_params", "nprf_attention_flops", "fish_cost"]
 
@@ -76,3 +74,54 @@ def nprf_attention_flops(seq_len, d_model, num_heads, head_dim, num_features, *,
         fft = 5 * length * math.log2(length) + 6 * (length // 2 + 1)
         return linear + h * round(e * fft + 3 * n * e)
     raise ValueError(f"toeplitz must be 'fft' or 'explicit', got {toeplitz!r}")
+
+
+def fish_cost(d_model, num_heads, num_global_heads, head_dim, seq_len, *, variant="fish"):
+    """FLOPs and parameters of the attention-matrix part of one layer, App. D of the FiSH paper.
+
+    Notation of App. D: D_x = d_model, D = head_dim, H local heads, M global heads, N = seq_len.
+    A matrix product (m x k)(k x n) counts m*n*(2k-1) operations (k multiplications, k-1 additions
+    per entry); softmax, the product with V and the output projection are left out (they are the same
+    for both models), and projections have no bias.
+
+        (i)   H-head attention FLOPs    N^2 H (2D-1) + 2 N H D (2 D_x - 1)
+        (ii)  FiSH FLOPs                N^2 M (2D-1) + 2 N M D (2 D_x - 1) + H (2M-1) N^2 + M N^2
+                                        = [2 (D+H) M - H] N^2 + 2 N M D (2 D_x - 1)
+              saving (i) - (ii)         [2 (H-M) D - 2 M H] N^2 + 2 (H-M) D (2 D_x - 1) N
+        (iii) H-head attention params   2 H D D_x
+        (iv)  FiSH params               2 M D D_x + H M + M          (p_kj and sigma_k)
+              saving (iii) - (iv)       2 (H-M) D D_x - H M - M
+
+    ``variant="fish"`` is App. D exactly. The others change only the mixing and noise terms, counted
+    the same way (these are ours, not the paper's):
+        hard_fish   no noise: minus M N^2 FLOPs and the M sigma_k;
+        mish        p_k shared by all local heads: one mixed matrix, (2M-1) N^2 instead of
+                    H (2M-1) N^2, and M mixing weights instead of H M (the noise is counted as
+                    M N^2, as App. D does for fish);
+        gfish       Linear(M, H) + bias, ReLU (not counted, like softmax), Linear(H, H) + bias:
+                    H (2M-1) N^2 + H N^2 + H (2H-1) N^2 + H N^2 FLOPs, H M + H + H^2 + H weights;
+        hard_gfish  gfish without noise.
+
+    Returns a dict: mha_flops, fish_flops, flops_saved, mha_params, fish_params, params_saved.
+    """
+    Dx, H, M, D, N = d_model, num_heads, num_global_heads, head_dim, seq_len
+    if variant not in ("fish", "hard_fish", "mish", "gfish", "hard_gfish"):
+        raise ValueError(f"unknown variant {variant!r}")
+    noise = not variant.startswith("hard")
+    mha_flops = N * N * H * (2 * D - 1) + 2 * N * H * D * (2 * Dx - 1)  # (i)
+    mha_params = 2 * H * D * Dx  # (iii)
+    global_flops = N * N * M * (2 * D - 1) + 2 * N * M * D * (2 * Dx - 1)  # the M global matrices
+    global_params = 2 * M * D * Dx
+    if variant in ("gfish", "hard_gfish"):
+        mix_flops = (H * (2 * M - 1) + H + H * (2 * H - 1) + H) * N * N
+        mix_params = H * M + H + H * H + H
+    else:
+        local = 1 if variant == "mish" else H
+        mix_flops = local * (2 * M - 1) * N * N
+        mix_params = local * M
+    fish_flops = global_flops + mix_flops + (M * N * N if noise else 0)  # (ii) for "fish"
+    fish_params = global_params + mix_params + (M if noise else 0)  # (iv) for "fish"
+    return {
+        "mha_flops": mha_flops, "fish_flops": fish_flops, "flops_saved": mha_flops - fish_flops,
+        "mha_params": mha_params, "fish_params": fish_params, "params_saved": mha_params - fish_params,
+    }

@@ -153,7 +153,17 @@ def parent_of(model, module):
 def run_layers(layers, hidden_states, *args, output_hidden_states=False, **kwargs):
     """Run the blocks in turn; each returns (hidden_states, attention weights or None). Returns the last hidden
     state, the hidden states (the input, then each block's output) when asked for, and the attention weights of
-    every block when the blocks returned them (None otherwise)."""
+    every block when the blocks returned them (None otherwise).
+
+    The one place of the per-training-forward hook: in training, each block's attention (`block.self_attention`)
+    that defines `begin_training_forward()` gets it once per forward of the model, before any block runs (MGK's
+    lagged EM prior, NPRF's feature redraw). Not inside the blocks: gradient checkpointing runs a block's forward
+    a second time during backward."""
+    for layer in layers:
+        if layer.training:
+            hook = getattr(layer.self_attention, "begin_training_forward", None)
+            if hook is not None:
+                hook()
     all_hidden = [hidden_states] if output_hidden_states else None
     all_weights = []
     for layer in layers:

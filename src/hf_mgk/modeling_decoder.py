@@ -88,6 +88,11 @@ class DecoderBlock(GradientCheckpointingLayer):
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         self.mlp = GPT2MLP(inner, config)
 
+    @property
+    def self_attention(self):
+        """The family's attention module (run_layers calls its per-training-forward hook)."""
+        return self.attn
+
     def forward(self, hidden_states, past_key_values=None, attention_mask=None, **kwargs):
         attn_output, weights = self.attn(self.ln_1(hidden_states), past_key_values, attention_mask, **kwargs)
         hidden_states = hidden_states + attn_output
@@ -260,10 +265,6 @@ class DecoderModelMixin:
             position_ids = torch.arange(past, past + length, device=inputs_embeds.device)[None]
         elif not is_tracing() and int(position_ids.max()) >= self.config.n_positions:
             check_sequence_length(int(position_ids.max()) + 1, self.config.n_positions, "n_positions")
-        if self.training:
-            for block in self.h:
-                if hasattr(block.attn, "begin_training_forward"):
-                    block.attn.begin_training_forward()
         hidden_states = inputs_embeds + self.wpe(position_ids)
         if token_type_ids is not None:
             hidden_states = hidden_states + self.wte(token_type_ids)

@@ -45,6 +45,11 @@ class EncoderLayer(GradientCheckpointingLayer):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
+    @property
+    def self_attention(self):
+        """The family's attention module (run_layers calls its per-training-forward hook)."""
+        return self.attention.self
+
     def forward(self, hidden_states, attention_mask=None, **kwargs):
         attention_output, weights = self.attention(hidden_states, attention_mask, **kwargs)
         output = apply_chunking_to_forward(self.feed_forward_chunk, self.chunk_size_feed_forward, 1, attention_output)

@@ -66,7 +66,7 @@ class MGKAttentionCore(nn.Module):
 
     @torch.no_grad()
     def begin_training_forward(self):
-        """Once per training forward of the model, before its layers run (as NPRF's `count_forward`).
+        """Once per training forward of the model, before its layers run (as NPRF's feature redraw).
 
         EM prior: freeze the pi this forward uses (the estimate of the previous forward) and let this forward's
         first pass through the layer run the M-step into `prior`, for the next forward. Inside the layer alone

@@ -152,9 +152,6 @@ class MGKBertModel(MGKBertPreTrainedModel):
         shape = input_ids.shape if input_ids is not None else inputs_embeds.shape[:-1]
         if position_ids is None:
             check_sequence_length(shape[-1], self.config.max_position_embeddings)
-        if self.training:
-            for layer in self.encoder.layer:
-                layer.attention.self.begin_training_forward()
         embedding_output = self.embeddings(input_ids=input_ids, position_ids=position_ids,
                                            token_type_ids=token_type_ids, inputs_embeds=inputs_embeds)
         mask = attention_mask_from(attention_mask, shape[0], shape[1], shape[1])

@@ -155,12 +155,12 @@ class NPRFRobertaSelfAttention(nn.Module):
         return x.view(*x.shape[:-1], self.num_heads, self.head_dim).transpose(1, 2)
 
     @torch.no_grad()
-    def count_forward(self):
-        """One training forward: count it and redraw W every `feature_redraw_interval` forwards. Called by the
-        model once per forward, not here in the layer, where gradient checkpointing would count (and redraw
-        in the middle of backward) a second time."""
+    def begin_training_forward(self):
+        """One training forward: count it and redraw W every `feature_redraw_interval` forwards (NPRF only; the
+        softmax baseline keeps its unused W and count as they are). Called once per forward of the model by
+        `run_layers`, not in the layer's forward, which gradient checkpointing runs again during backward."""
         interval = self.config.feature_redraw_interval
-        if interval > 0:
+        if interval > 0 and self.config.attention_type == "nprf":
             self.forward_count += 1
             if int(self.forward_count) % interval == 0:
                 self.redraw_features()
@@ -273,9 +273,6 @@ class NPRFRobertaModel(NPRFRobertaPreTrainedModel):
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
-        if self.training and self.config.attention_type == "nprf":
-            for layer in self.encoder.layer:
-                layer.attention.self.count_forward()
         embedding_output = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, past)
         static = getattr(past_key_values, "is_compileable", False)  # its keys: every slot, not past + length
         mask = attention_mask_from(attention_mask, shape[0], shape[1], None if static else past + shape[1])
