@@ -1,4 +1,8 @@
 import os
+import signal
+import socket
+import subprocess
+import sys
 
 # Nothing in the suite may reach the Hub: set before transformers is imported anywhere.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -102,3 +106,38 @@ def write_play_split(folder, train_lines, validation_lines):
     paths["train"].write_text("".join(lines[slice(*train_lines)]), encoding="utf-8")
     paths["validation"].write_text("".join(lines[slice(*validation_lines)]), encoding="utf-8")
     return {k: str(v) for k, v in paths.items()}
+
+
+def free_port():
+    """A port nothing listens on now: a fixed one can still be held by the previous run's rendezvous."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_torchrun(script_and_args, env, nproc=2, timeout=300):
+    """`python -m torch.distributed.run --nproc_per_node nproc <script_and_args>`, bounded: a rank that never exits
+    (seen once: one rank left waiting on a futex with gloo's threads alive after training had finished) fails the
+    test after `timeout` seconds with the Python stacks of every process still alive, not a hang of the suite.
+    Each process runs with PYTHONFAULTHANDLER=1; on time-out the whole process group gets SIGABRT, on which
+    faulthandler prints every thread's stack to stderr. Returns the CompletedProcess otherwise."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
+               str(free_port()), *map(str, script_and_args)]
+    return run_bounded(command, env, timeout)
+
+
+def run_bounded(command, env, timeout):
+    proc = subprocess.Popen(command, env={**env, "PYTHONFAULTHANDLER": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGABRT)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+        pytest.fail(f"{' '.join(command[:6])} ... did not finish in {timeout}s; the stacks of its processes "
+                    f"(faulthandler, on SIGABRT):\n{err[-12000:]}")
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)

@@ -7,8 +7,6 @@ import json
 import math
 import os
 import pathlib
-import subprocess
-import sys
 
 import datasets
 import pytest
@@ -20,8 +18,7 @@ from transformers import (AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokeni
 
 import hf_mgk
 from hf_mgk import bundled, training
-from conftest import assert_kept, plant, write_play_split
-from test_trainer import free_port
+from conftest import assert_kept, plant, run_torchrun, write_play_split
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -605,9 +602,7 @@ def test_torchrun_two_processes_match_one(script, family, length_option, texts, 
     argv[argv.index("--output_dir") + 1] = str(tmp_path / "two")
     argv[argv.index("--per_device_train_batch_size") + 1] = "2"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                           str(free_port()), str(ROOT / "scripts" / f"{script}.py"), *argv],
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = run_torchrun([ROOT / "scripts" / f"{script}.py", *argv], env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     two = losses(tmp_path / "two")
     assert len(one) == 3 and len(set(one)) == 3

@@ -1,14 +1,11 @@
 """Loss under Trainer: gradient accumulation and two processes give the step of the whole batch at once."""
 
 import os
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from conftest import assert_close
+from conftest import assert_close, run_torchrun
 from trainer_check import train_once
 
 HERE = os.path.dirname(__file__)
@@ -39,13 +36,6 @@ def test_trainer_loss_is_the_mean_over_the_predicted_tokens(task, tmp_path):
     assert loss == pytest.approx(expected, rel=1e-6)
 
 
-def free_port():
-    """A port nothing listens on now: a fixed one can still be held by the previous run's rendezvous."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.parametrize("task", ["mlm", "clm"])
 def test_two_processes_match_one(task, tmp_path):
     """torchrun with gloo on CPU: 2 processes x batch 1 x accumulation 2 == 1 process x batch 4."""
@@ -53,12 +43,23 @@ def test_two_processes_match_one(task, tmp_path):
     out = tmp_path / "ddp" / "result.pt"
     out.parent.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.path.join(HERE, "..", "src")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-         os.path.join(HERE, "trainer_check.py"), "--task", task, "--batch", "1", "--accumulation", "2",
-         "--out", str(out)],
-        env=env, capture_output=True, text=True, timeout=600)
+    proc = run_torchrun([os.path.join(HERE, "trainer_check.py"), "--task", task, "--batch", "1", "--accumulation", "2",
+                         "--out", str(out)], env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     ddp = torch.load(out)
     assert ddp["loss"] == pytest.approx(loss_full, rel=1e-5)
     assert_close(ddp["params"], params_full, rtol=1e-5)
+
+
+def test_a_hung_process_fails_the_test_with_its_stack():
+    """run_torchrun's bound: a process that never exits is stopped after the time-out and the failure shows where
+    each of its threads was (faulthandler on SIGABRT), instead of hanging the suite."""
+    import sys
+
+    from conftest import run_bounded
+
+    code = "def waiting_for_a_peer():\n    import time\n    time.sleep(600)\nwaiting_for_a_peer()\n"
+    with pytest.raises(pytest.fail.Exception, match=r"(?s)did not finish in 3s.*waiting_for_a_peer"):
+        run_bounded([sys.executable, "-c", code], dict(os.environ), timeout=3)
+    done = run_bounded([sys.executable, "-c", "print('done')"], dict(os.environ), timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "done"
