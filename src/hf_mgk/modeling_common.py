@@ -3,13 +3,15 @@ accumulation.
 
 Imports torch, transformers and siblings only: this file travels next to the remote-code model files."""
 
-import functools
 import warnings
 
 import torch
 import torch.nn.functional as F
 from transformers import masking_utils
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+# return_dict=False -> the output's tuple (the forward's keyword, else the config's): transformers' own decorator,
+# the same code in every release the travelling files support (4.57 to 5.23); re-exported for the modeling files.
+from transformers.utils.generic import can_return_tuple  # noqa: F401
 
 
 def is_tracing():
@@ -107,20 +109,6 @@ def output_requested(config, name, value):
 def wants_attentions(config, kwargs):
     """Whether the caller asked for attention matrices (as a forward kwarg, or through the config)."""
     return output_requested(config, "output_attentions", kwargs.get("output_attentions"))
-
-
-def can_return_tuple(forward):
-    """`return_dict=False` (the forward's keyword, else the config's `return_dict`) gives the output as a tuple of
-    its fields that are not None, as every HF model does."""
-
-    @functools.wraps(forward)
-    def wrapper(self, *args, return_dict=None, **kwargs):
-        output = forward(self, *args, **kwargs)
-        if return_dict is None:
-            return_dict = getattr(self.config, "return_dict", True)
-        return output if return_dict else output.to_tuple()
-
-    return wrapper
 
 
 def is_checkpointing(model):

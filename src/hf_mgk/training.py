@@ -196,7 +196,8 @@ def setup_logging(training_args):
 def parse_overrides(text, config_class, option):
     """'a=1,b=[1,3],c=mgk' -> {'a': 1, 'b': [1, 3], 'c': 'mgk'}: values as JSON (bare words are strings, None /
     True / False as Python spells them too), keys checked against the config's fields (config_class None: not
-    checked)."""
+    checked). Not transformers' `config.update_from_string`: it splits at every comma (no lists such as
+    mgk_variances=[1,3]), converts by the current value's type and knows only fields the config already has."""
     if not text:
         return {}
     parts, depth, current = [], 0, ""
