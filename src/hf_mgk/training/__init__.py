@@ -19,7 +19,8 @@ from .arguments import (
     ModelArguments, DataArguments, HfMgkTrainingArguments, parse_args, setup_logging, parse_overrides,
     check_data_file, check_model_folder, damaged_weights, first_bad_line)
 from .models import (
-    checkpoint_config, family_of, stock_family, model_class, load_tokenizer, load_model, fit_vocabulary, base_model,
+    ModelPlan, plan_model, checkpoint_config, family_of, stock_family, model_class, load_tokenizer, load_model,
+    fit_vocabulary, base_model,
     new_model_kwargs, position_limit, sequence_length)
 from .run_dir import (
     RUN_FILE, RESULTS_FILES, incomplete_checkpoint, run_identity, prepare_output_dir, read_run_identity,
@@ -31,7 +32,7 @@ from .data import (
 
 __all__ = ["ModelArguments", "DataArguments", "HfMgkTrainingArguments", "parse_args", "setup_logging",
            "parse_overrides", "check_data_file", "check_model_folder", "damaged_weights", "first_bad_line",
-           "checkpoint_config", "family_of", "stock_family", "model_class", "load_tokenizer", "load_model",
+           "ModelPlan", "plan_model", "checkpoint_config", "family_of", "stock_family", "model_class", "load_tokenizer", "load_model",
            "fit_vocabulary", "base_model", "new_model_kwargs", "position_limit", "sequence_length", "RUN_FILE",
            "RESULTS_FILES", "incomplete_checkpoint", "run_identity", "prepare_output_dir", "read_run_identity",
            "write_run_info", "save_metrics", "recorded_results", "train_and_save", "evaluate_and_save",

@@ -32,10 +32,36 @@ def checkpoint_config(model_args):
     return config_dict
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelPlan:
+    """What a run builds, decided once: the arguments, the checkpoint's config.json (read once; None for a new
+    model) and the family. The scripts pass it to `load_model` and `base_model` and read `family` /
+    `checkpoint` from it."""
+
+    model_args: object
+    checkpoint: dict
+    family: str
+
+    @property
+    def stock(self):
+        """A stock BERT / GPT-2 / RoBERTa checkpoint (a warm start), not a saved hf-mgk folder."""
+        return (self.checkpoint or {}).get("model_type") in STOCK_FAMILIES
+
+
+def plan_model(model_args):
+    """The ModelPlan of a run; errors name the option (a checkpoint of another kind, --family / --model_type that
+    contradict it)."""
+    config_dict = checkpoint_config(model_args)
+    return ModelPlan(model_args, config_dict, _family(model_args, config_dict))
+
+
 def family_of(model_args):
     """The hf-mgk family a run builds: an hf-mgk checkpoint's own, the one a stock checkpoint warm-starts (see
     `stock_family`), else --model_type."""
-    config_dict = checkpoint_config(model_args)
+    return plan_model(model_args).family
+
+
+def _family(model_args, config_dict):
     if config_dict is None:
         return model_args.model_type
     model_type = config_dict.get("model_type")
@@ -96,12 +122,12 @@ def load_tokenizer(model_args):
     return AutoTokenizer.from_pretrained(source, use_fast=model_args.use_fast_tokenizer, **model_args.hub_kwargs())
 
 
-def load_model(model_args, task, **config_kwargs):
-    """The model for `task` ("mlm", "clm", "seq-cls", "qa"): warm-started or continued from
+def load_model(plan, task, **config_kwargs):
+    """The model for `task` ("mlm", "clm", "seq-cls", "qa") of a `plan_model` plan: warm-started or continued from
     --model_name_or_path, or new from --model_type / --config_name with --config_overrides.
 
-    `config_kwargs`: what the task sets in the config (num_labels, is_decoder, ...). Returns (model, family)."""
-    family = family_of(model_args)
+    `config_kwargs`: what the task sets in the config (num_labels, is_decoder, ...). Returns the model."""
+    model_args, family = plan.model_args, plan.family
     cls = model_class(family, task)
     config_class = FAMILIES[family].config_class
     if model_args.model_name_or_path is not None:
@@ -109,12 +135,11 @@ def load_model(model_args, task, **config_kwargs):
                   **config_kwargs}
         # Keywords of from_pretrained are set on the loaded config without its checks: run them here first.
         fields = {f.name for f in dataclasses.fields(config_class)} - {"model_type", "architectures", "auto_map"}
-        saved = {k: v for k, v in checkpoint_config(model_args).items() if k in fields}
+        saved = {k: v for k, v in plan.checkpoint.items() if k in fields}
         config_class(**{**saved, **kwargs})
         if model_args.keep_heads_list is not None:
             kwargs["keep_heads"] = model_args.keep_heads_list
-        model = cls.from_pretrained(model_args.model_name_or_path, **kwargs, **model_args.hub_kwargs())
-        return model, family
+        return cls.from_pretrained(model_args.model_name_or_path, **kwargs, **model_args.hub_kwargs())
     if model_args.config_name is not None:
         config = AutoConfig.from_pretrained(model_args.config_name, **config_kwargs, **model_args.hub_kwargs())
         if not isinstance(config, config_class):
@@ -123,7 +148,7 @@ def load_model(model_args, task, **config_kwargs):
         overrides = parse_overrides(model_args.config_overrides, config_class, "--config_overrides")
         config = config_class(**{**overrides, **config_kwargs})
     logger.info("training a new %s model from scratch: %s", family, config.to_json_string(use_diff=True))
-    return cls(config), family
+    return cls(config)
 
 
 def fit_vocabulary(model, tokenizer):
@@ -133,16 +158,16 @@ def fit_vocabulary(model, tokenizer):
         model.resize_token_embeddings(len(tokenizer))
 
 
-def base_model(model_args):
+def base_model(plan):
     """The checkpoint a run started from, for the model card: a Hub name, or a local folder holding a stock
     checkpoint (a warm start: the card says so in words, never as Hub metadata); None for a new model or the
     continuation of a local hf-mgk folder."""
-    path = model_args.model_name_or_path
+    path = plan.model_args.model_name_or_path
     if path is None:
         return None
     if not os.path.isdir(path):
         return path
-    return path if (checkpoint_config(model_args) or {}).get("model_type") in STOCK_FAMILIES else None
+    return path if plan.stock else None
 
 
 # Language modelling: what run_mlm.py and run_clm.py share.
