@@ -111,7 +111,7 @@ def read_run(run_dir):
     Only results files that hf_mgk_run.json records as this run's are read (`training.recorded_results`); the
     names of the others (an earlier run's, another model's evaluation, an edited file) are under
     "ignored_results"."""
-    from .training import RUN_FILE, recorded_results
+    from ..training import RUN_FILE, recorded_results
 
     info = _read_json(os.path.join(run_dir, RUN_FILE)) or {}
     own, ignored = recorded_results(run_dir)

@@ -219,7 +219,7 @@ def predicted_ids(logits, labels):
 def token_accuracy(shift=0):
     """compute_metrics of a language model: accuracy over the scored tokens (labels != -100). shift=1 for a causal
     LM, whose prediction at position t is of the token at t + 1."""
-    from .metrics import load_metric
+    from ..metrics import load_metric
 
     metric = load_metric("accuracy")
 
