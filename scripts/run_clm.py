@@ -65,11 +65,12 @@ class DataTrainingArguments(training.DataArguments):
                              f"{self.block_size}): give 1..{self.block_size}")
 
 
-def decoder_kwargs(model_args, family):
+def decoder_kwargs(plan):
     """NPRF-RoBERTa predicts the next token only with causal attention: is_decoder=True."""
-    if not FAMILIES[family].causal_lm_is_decoder:
+    model_args = plan.model_args
+    if not FAMILIES[plan.family].causal_lm_is_decoder:
         return {}
-    saved = training.checkpoint_config(model_args)
+    saved = plan.checkpoint
     if saved is not None and not saved.get("is_decoder", False):
         logger.warning("%s was trained bidirectionally (is_decoder=False); it is trained here as a causal decoder "
                        "(is_decoder=True)", model_args.model_name_or_path or model_args.config_name)
@@ -104,9 +105,10 @@ def main(argv=None):
     checkpoint = training.prepare_output_dir(training_args, identity)
 
     tokenizer = training.load_tokenizer(model_args)
-    family = training.family_of(model_args)
-    model, family = training.load_model(model_args, "clm", **decoder_kwargs(model_args, family),
-                                        **training.new_model_kwargs(model_args, tokenizer))
+    plan = training.plan_model(model_args)
+    model = training.load_model(plan, "clm", **decoder_kwargs(plan),
+                                **training.new_model_kwargs(model_args, tokenizer))
+    family = plan.family
     training.fit_vocabulary(model, tokenizer)
     block_size = training.sequence_length(data_args.block_size, "--block_size", tokenizer, model.config)
 
@@ -130,7 +132,7 @@ def main(argv=None):
     results = {}
     if training_args.do_train:
         training.write_run_info(training_args, identity, task="text-generation",
-                                dataset=training.dataset_label(data_args), base_model=training.base_model(model_args),
+                                dataset=training.dataset_label(data_args), base_model=training.base_model(plan),
                                 family=family)
         results.update(training.train_and_save(trainer, checkpoint, len(train_dataset)))
     if training_args.do_eval:

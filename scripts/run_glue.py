@@ -365,8 +365,10 @@ def check_data(raw, splits, data_args):
 
 
 def load_model_and_tokenizer(model_args, label_list, task):
-    family = training.family_of(model_args)
-    id2label = model_labels(label_list, checkpoint_labels(training.checkpoint_config(model_args)),
+    """(model, tokenizer, plan)."""
+    plan = training.plan_model(model_args)
+    family = plan.family
+    id2label = model_labels(label_list, checkpoint_labels(plan.checkpoint),
                             model_args.model_name_or_path, task)
     tokenizer = training.load_tokenizer(model_args)
     padding_set = prepare_tokenizer(tokenizer, family)
@@ -375,14 +377,14 @@ def load_model_and_tokenizer(model_args, label_list, task):
     config_kwargs.update(training.new_model_kwargs(model_args, tokenizer))
     if padding_set or FAMILIES[family].decoder:  # GPT-2 classifies from the last token not padding
         config_kwargs["pad_token_id"] = tokenizer.pad_token_id
-    model, family = training.load_model(model_args, "seq-cls", **config_kwargs)
+    model = training.load_model(plan, "seq-cls", **config_kwargs)
     model.config.finetuning_task = task  # set here: from_pretrained takes only the checkpoint config's fields
     if model_args.model_name_or_path is None:
         training.fit_vocabulary(model, tokenizer)
     if model.config.pad_token_id != tokenizer.pad_token_id:
         logger.warning("the model's pad_token_id (%s) is not the tokenizer's (%s)", model.config.pad_token_id,
                        tokenizer.pad_token_id)
-    return model, tokenizer, family
+    return model, tokenizer, plan
 
 
 def tokenize(splits, lookups, keys, label_list, tokenizer, model, data_args, training_args):
@@ -421,7 +423,8 @@ def main(argv=None):
     raw = load_data(data_args, model_args, training_args)
     splits, eval_sets, predict_sets = select_splits(raw, data_args, training_args)
     label_list, keys, lookups = check_data(raw, splits, data_args)
-    model, tokenizer, family = load_model_and_tokenizer(model_args, label_list, task)
+    model, tokenizer, plan = load_model_and_tokenizer(model_args, label_list, task)
+    family = plan.family
     processed = tokenize(splits, lookups, keys, label_list, tokenizer, model, data_args, training_args)
     if data_args.pad_to_max_length:
         collator = default_data_collator
@@ -436,7 +439,7 @@ def main(argv=None):
     if training_args.do_train:
         dataset = f"glue/{task}" if data_args.from_glue_hub else training.dataset_label(data_args)
         training.write_run_info(training_args, identity, task="text-classification", dataset=dataset,
-                                glue_task=task, base_model=training.base_model(model_args), family=family)
+                                glue_task=task, base_model=training.base_model(plan), family=family)
         results.update(training.train_and_save(trainer, checkpoint, len(processed["train"])))
     if eval_sets:  # MNLI: matched, then mismatched with "_mm" keys, in one eval_results.json (upstream's names)
         metrics = {}

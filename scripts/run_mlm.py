@@ -165,7 +165,9 @@ def main(argv=None):
     if tokenizer.mask_token is None:
         raise ValueError("the tokenizer has no mask token, which masked language modelling needs")
     # A masked LM attends both ways, whatever a loaded checkpoint was trained as.
-    model, family = training.load_model(model_args, "mlm", is_decoder=False,
+    plan = training.plan_model(model_args)
+    family = plan.family
+    model = training.load_model(plan, "mlm", is_decoder=False,
                                         **training.new_model_kwargs(model_args, tokenizer))
     training.fit_vocabulary(model, tokenizer)
     max_seq_length = training.sequence_length(data_args.max_seq_length, "--max_seq_length", tokenizer,
@@ -193,7 +195,7 @@ def main(argv=None):
     results = {}
     if training_args.do_train:
         training.write_run_info(training_args, identity, task="fill-mask", dataset=training.dataset_label(data_args),
-                                base_model=training.base_model(model_args), family=family)
+                                base_model=training.base_model(plan), family=family)
         results.update(training.train_and_save(trainer, checkpoint, len(train_dataset)))
     if training_args.do_eval:
         results.update(training.evaluate_and_save(trainer, eval_dataset, len(eval_dataset), with_perplexity=True))

@@ -16,7 +16,6 @@ required). Data: --dataset_name squad / squad_v2, or local files in SQuAD's own 
 """
 
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -122,7 +121,9 @@ def main(argv=None):
     if tokenizer.padding_side != "right" and not data_args.pad_to_max_length:
         # Batches padded on the left would shift every feature's logits against its offset mapping.
         raise ValueError("a tokenizer that pads on the left needs --pad_to_max_length (the default)")
-    model, family = training.load_model(model_args, "qa", **training.new_model_kwargs(model_args, tokenizer))
+    plan = training.plan_model(model_args)
+    family = plan.family
+    model = training.load_model(plan, "qa", **training.new_model_kwargs(model_args, tokenizer))
     training.fit_vocabulary(model, tokenizer)
     max_seq_length = data_args.max_seq_length
     if max_seq_length > tokenizer.model_max_length:  # as upstream
@@ -182,7 +183,7 @@ def main(argv=None):
     if training_args.do_train:
         # Only a training run owns --output_dir (evaluating into a model's folder must not rewrite its identity).
         training.write_run_info(training_args, identity, task="question-answering",
-                                dataset=training.dataset_label(data_args), base_model=training.base_model(model_args),
+                                dataset=training.dataset_label(data_args), base_model=training.base_model(plan),
                                 family=family)
         results.update(training.train_and_save(trainer, checkpoint, len(train_dataset)))
     if training_args.do_eval:

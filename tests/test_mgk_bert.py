@@ -432,7 +432,7 @@ def test_check_remote_code_runs_only_an_auto_class_name(auto_class, tmp_path, mo
     any process starts (nothing written)."""
     monkeypatch.chdir(tmp_path)
     started = []
-    monkeypatch.setattr("hf_mgk.hub.run_without_package", lambda *a, **k: started.append(a))
+    monkeypatch.setattr("hf_mgk.hub.remote_code.run_without_package", lambda *a, **k: started.append(a))
     with pytest.raises(ValueError, match="auto_class must name one of transformers' Auto classes"):
         check_remote_code(tmp_path, {"input_ids": torch.ones(1, 2, dtype=torch.long)}, auto_class=auto_class)
     assert not started and not (tmp_path / "injected").exists()

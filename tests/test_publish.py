@@ -324,8 +324,8 @@ def test_a_failed_check_leaves_the_folder_as_it_was(run_dir, tmp_path, monkeypat
     folder = tmp_path / "hub"
     hub.export_run(run_dir, folder, revision="v1", check=False)
     before = {name: (folder / name).read_bytes() for name in files(folder)}
-    first_output = hub._first_output
-    monkeypatch.setattr(hub, "_first_output", lambda out: first_output(out) + 1e-3)  # a reference it cannot match
+    first_output = hub.export._first_output
+    monkeypatch.setattr(hub.export, "_first_output", lambda out: first_output(out) + 1e-3)  # a reference it cannot match
     with pytest.raises(SystemExit, match=f"check of the exported folder failed, so {folder} was left as it was.*"
                                          "remote-code outputs differ"):
         publish.main(["--run_dir", run_dir, "--output_dir", str(folder), "--revision_tag", "v2"])

@@ -19,6 +19,7 @@ from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 import hf_mgk
+from hf_mgk import bundled, hub
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location("run_glue", os.path.join(ROOT, "scripts", "run_glue.py"))
@@ -116,12 +117,12 @@ def as_args(options):
 
 @pytest.fixture(scope="module")
 def bert_tokenizer_dir():
-    return hf_mgk.bundled.bert_checkpoint_dir()
+    return bundled.bert_checkpoint_dir()
 
 
 @pytest.fixture(scope="module")
 def gpt2_tokenizer_dir():
-    return hf_mgk.bundled.gpt2_tokenizer_dir()
+    return bundled.gpt2_tokenizer_dir()
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +132,7 @@ def stock_roberta_dir(tmp_path_factory):
     from transformers import AutoTokenizer, RobertaConfig, RobertaForMaskedLM
 
     folder = tmp_path_factory.mktemp("stock-roberta")
-    tokenizer = AutoTokenizer.from_pretrained(hf_mgk.bundled.roberta_tokenizer_dir())
+    tokenizer = AutoTokenizer.from_pretrained(bundled.roberta_tokenizer_dir())
     assert (tokenizer.pad_token_id, tokenizer.mask_token_id, len(tokenizer)) == (1, 50261, 50262)
     config = RobertaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                            intermediate_size=37, max_position_embeddings=MAX_LEN + 2, pad_token_id=1,
@@ -418,10 +419,10 @@ def test_nprf_roberta_warm_start_from_stock_roberta(tmp_path, stock_roberta_dir)
     assert model.config.model_type == "nprf-roberta"
     with open(os.path.join(out, "hf_mgk_run.json")) as f:
         assert json.load(f)["base_model"] == stock_roberta_dir  # a warm start from a local stock folder
-    run = hf_mgk.hub.read_run(out)  # the card says it in words, not as Hub metadata
-    card = hf_mgk.hub.model_card(model, run)
+    run = hub.read_run(out)  # the card says it in words, not as Hub metadata
+    card = hub.model_card(model, run)
     assert f"warm-started from the checkpoint `{os.path.basename(stock_roberta_dir)}`" in card
-    assert "continued from" not in card and hf_mgk.hub.card_data(model, run).base_model is None
+    assert "continued from" not in card and hub.card_data(model, run).base_model is None
 
 
 def test_warm_start_from_a_stock_bert_classifier_keeps_its_label_order(tmp_path, stock_mrpc_bert_dir):

@@ -393,6 +393,20 @@ def test_masks_do_not_depend_on_the_batch(bert_dir):
     assert n_kept / n_masked == pytest.approx(0.1, abs=0.04)
 
 
+def test_a_run_reads_the_checkpoint_config_once(texts, work, stock_bert_dir, tmp_path, monkeypatch):
+    """The model factory's plan reads --model_name_or_path's config.json once; the family, the config checks, the
+    card's base model and the model all come from that plan."""
+    from hf_mgk.training import models
+
+    calls = []
+    original = models.checkpoint_config
+    monkeypatch.setattr(models, "checkpoint_config", lambda args: calls.append(1) or original(args))
+    run_mlm.main(["--model_name_or_path", stock_bert_dir, "--attention_overrides", "attention_type=mgk",
+                  *common(texts, tmp_path / "out", work, steps=1), "--do_train", "--max_seq_length", "32"])
+    assert len(calls) == 1
+    assert read_json(tmp_path / "out" / training.RUN_FILE)["family"] == "mgk-bert"
+
+
 def test_mlm_warm_start_with_softmax_is_stock_bert(texts, work, stock_bert_dir, tmp_path):
     """A stock BERT warm-started with softmax attention, evaluated only: the eval loss and masked-token accuracy
     are those of transformers' own BertForMaskedLM on blocks cut here, masked as the script masks them."""

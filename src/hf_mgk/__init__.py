@@ -18,7 +18,6 @@ from .modeling_mgk_bert import (
     MGKBertModel,
 )
 from .modeling_mgk_gpt2 import MGKGPT2ForSequenceClassification, MGKGPT2LMHeadModel, MGKGPT2Model
-from . import bundled, hub
 from .modeling_fish_gpt2 import FiSHGPT2ForSequenceClassification, FiSHGPT2LMHeadModel, FiSHGPT2Model
 from .modeling_nprf_roberta import (
     NPRFRobertaForCausalLM,
