@@ -18,6 +18,7 @@ from transformers import (AutoModel, AutoTokenizer, BertConfig, BertModel, GPT2T
 import hf_mgk
 from hf_mgk import analysis, bundled
 from conftest import assert_close
+import tiny
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 N = 8
@@ -188,23 +189,16 @@ def test_principal_components_refuse_mixed_lengths_and_bad_shares():
 
 def _tiny(family, attention_type):
     if family == "mgk-bert":
-        return hf_mgk.MGKBertModel(hf_mgk.MGKBertConfig(
-            attention_type=attention_type, vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-            intermediate_size=37, max_position_embeddings=64))
+        return hf_mgk.MGKBertModel(hf_mgk.MGKBertConfig(attention_type=attention_type, **tiny.bert()))
     if family == "fish-gpt2":
         return hf_mgk.FiSHGPT2Model(hf_mgk.FiSHGPT2Config(
-            attention_type=attention_type, vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_inner=37,
-            n_positions=64, num_global_heads=2))
+            attention_type=attention_type, **tiny.gpt2(n_inner=37, num_global_heads=2)))
     if family == "mgk-gpt2":
-        return hf_mgk.MGKGPT2Model(hf_mgk.MGKGPT2Config(
-            attention_type=attention_type, vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_inner=37,
-            n_positions=64))
+        return hf_mgk.MGKGPT2Model(hf_mgk.MGKGPT2Config(attention_type=attention_type, **tiny.gpt2(n_inner=37)))
     if family == "nprf-roberta":
         return hf_mgk.NPRFRobertaModel(hf_mgk.NPRFRobertaConfig(
-            attention_type=attention_type, vocab_size=99, hidden_size=32, num_hidden_layers=2,
-            num_attention_heads=4, intermediate_size=37, max_position_embeddings=66, num_random_features=16))
-    config = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=37, max_position_embeddings=64)
+            attention_type=attention_type, **tiny.roberta(num_random_features=16)))
+    config = BertConfig(**tiny.bert())
     config._attn_implementation = "eager"  # stock models return attention matrices only from the eager path
     return BertModel(config)
 
@@ -241,8 +235,7 @@ def test_collect_attentions_equals_output_attentions(family, attention_type):
 
 
 def test_collect_attentions_refusals():
-    sdpa = BertModel(BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                intermediate_size=37))
+    sdpa = BertModel(BertConfig(**tiny.bert_size(vocab_size=99, num_hidden_layers=1)))
     ids = torch.randint(3, 99, (2, 5))
     with pytest.raises(ValueError, match="eager"):
         analysis.collect_attentions(sdpa, ids)
@@ -279,19 +272,15 @@ def checkpoints(tmp_path_factory):
     vocab["<mask>"] = len(vocab)
     roberta_tok = RobertaTokenizerFast(vocab=vocab, merges=merges)
     # initializer_range 0.3: peaked attention, so no singular value sits near the 1e-6 threshold
-    small = dict(num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, initializer_range=0.3)
+    small = tiny.bert_size(max_position_embeddings=tiny.POSITIONS, initializer_range=0.3)
+    small_gpt2 = tiny.gpt2_size(n_inner=37, n_positions=tiny.POSITIONS, initializer_range=0.3)
     models = {
-        "mgk": (hf_mgk.MGKBertForMaskedLM(hf_mgk.MGKBertConfig(hidden_size=32, max_position_embeddings=64,
-                                                               **small)), bert_tok),
-        "bert": (BertModel(BertConfig(hidden_size=32, max_position_embeddings=64, **small)), bert_tok),
-        "fish": (hf_mgk.FiSHGPT2LMHeadModel(hf_mgk.FiSHGPT2Config(
-            n_embd=32, n_layer=2, n_head=4, n_inner=37, n_positions=64, num_global_heads=2,
-            initializer_range=0.3)), gpt2_tok),
-        "mgk-gpt2": (hf_mgk.MGKGPT2LMHeadModel(hf_mgk.MGKGPT2Config(
-            n_embd=32, n_layer=2, n_head=4, n_inner=37, n_positions=64, initializer_range=0.3)), gpt2_tok),
+        "mgk": (hf_mgk.MGKBertForMaskedLM(hf_mgk.MGKBertConfig(**small)), bert_tok),
+        "bert": (BertModel(BertConfig(**small)), bert_tok),
+        "fish": (hf_mgk.FiSHGPT2LMHeadModel(hf_mgk.FiSHGPT2Config(**small_gpt2, num_global_heads=2)), gpt2_tok),
+        "mgk-gpt2": (hf_mgk.MGKGPT2LMHeadModel(hf_mgk.MGKGPT2Config(**small_gpt2)), gpt2_tok),
         "nprf": (hf_mgk.NPRFRobertaForMaskedLM(hf_mgk.NPRFRobertaConfig(
-            vocab_size=len(roberta_tok), hidden_size=32, max_position_embeddings=66, num_random_features=16,
-            **small)), roberta_tok),
+            **tiny.roberta(vocab_size=len(roberta_tok), num_random_features=16, initializer_range=0.3))), roberta_tok),
     }
     paths = {}
     for name, (model, tokenizer) in models.items():

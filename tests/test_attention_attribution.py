@@ -18,10 +18,10 @@ from hf_mgk import (
     NPRFRobertaForCausalLM,
     NPRFRobertaForMaskedLM,
 )
+import tiny
 
 H, D = 4, 8
-ENCODER = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=H, intermediate_size=37,
-               max_position_embeddings=66)
+ENCODER = tiny.roberta(num_attention_heads=H)  # MGK-BERT's and NPRF-RoBERTa's
 CASES = [
     *[("fish", dict(attention_type=t)) for t in ("fish", "hard_fish", "gfish", "hard_gfish", "mish", "softmax")],
     ("nprf", dict(attention_type="nprf")), ("nprf", dict(attention_type="nprf", is_decoder=True)),
@@ -34,8 +34,7 @@ CASES = [
 def _model_and_hooks(family, kw):
     """The model, and per layer: (module whose output holds V, how to take V from it, the output projection)."""
     if family == "fish":
-        model = FiSHGPT2LMHeadModel(FiSHGPT2Config(vocab_size=99, n_embd=32, n_layer=2, n_head=H, n_positions=64,
-                                                   **kw))
+        model = FiSHGPT2LMHeadModel(FiSHGPT2Config(**tiny.gpt2(n_head=H), **kw))
         return model, [(b.attn.c_attn, lambda x: x[..., -H * D:], b.attn.c_proj) for b in model.transformer.h]
     if family == "nprf":
         cls = NPRFRobertaForCausalLM if kw.get("is_decoder") else NPRFRobertaForMaskedLM

@@ -1,10 +1,12 @@
-"""The MGK / MLK math: every fast path against the literal Eq. 7 / Sec. 2.4 reference, masks, EM statistics."""
+"""The MGK / MLK math: every fast path against the package's literal Eq. 7 / Sec. 2.4 reference, that reference and
+the default path against the formulas written out one query at a time (tests/eq7.py), masks, EM statistics."""
 
 import math
 
 import pytest
 import torch
 
+import eq7
 from conftest import assert_close
 from hf_mgk import mgk_attention, mlk_attention
 from hf_mgk.attention_mgk import mgk_attention_reference, mgk_responsibilities, mlk_attention_reference
@@ -63,18 +65,44 @@ def test_mgk_sdpa_handles_value_wider_than_augmented_keys():
 
 
 def test_mgk_equals_explicit_mixture_formula():
-    """Independent check of the reference itself: Eq. 7 written out with Gaussian densities' log terms."""
+    """Independent check of the default path: Eq. 7 written out with Gaussian densities' log terms (tests/eq7.py),
+    every query of every head."""
     q, k, v, lp, _ = _inputs(5, requires_grad=False)
     var = _variances()
     out, w = mgk_attention(q, k, v, variances=var, log_prior=lp, return_weights=True)
-    b, h, i = 1, 2, 3
-    scores = torch.stack([
-        torch.logsumexp(torch.stack([lp[h, r] - (q[b, h, i] - k[b, h, r, j]).pow(2).sum() / (2 * var[r])
-                                     for r in range(M)]), 0)
-        for j in range(5)])
-    expected = torch.softmax(scores, 0)
-    assert_close(w[b, h, i], expected)
-    assert_close(out[b, h, i], expected @ v[b, h])
+    expected_out, expected = eq7.mgk(q, k, v, variances=var, log_prior=lp)
+    assert_close(w, expected)
+    assert_close(out, expected_out)
+
+
+@pytest.mark.parametrize("e_step", ["soft", "hard"])
+@pytest.mark.parametrize("n,s,causal,padded", CASES)
+@pytest.mark.parametrize("m,shared,prior", [(2, False, True), (2, False, False), (1, False, True), (3, True, True)])
+def test_reference_is_eq7_written_out(e_step, n, s, causal, padded, m, shared, prior):
+    """The package's mgk_attention_reference (what tests/test_attention_mgk_fast.py checks the blocked / sMGK / SDPA
+    paths against) is Eq. 7 as tests/eq7.py writes it out: output, weights and gradients, both E-steps, with and
+    without a prior, M = 1, 2, 3, option A keys and sMGK shifted keys, padding, causal (N < S too)."""
+    q = torch.randn(B, H, n, D, dtype=torch.float64, requires_grad=True)
+    if shared:
+        key = torch.randn(B, H, s, D, dtype=torch.float64, requires_grad=True)
+        shift = (0.5 * torch.randn(H, m, D, dtype=torch.float64)).requires_grad_()
+        leaves, keys = [q, key, shift], eq7.shifted_keys(key, shift)
+    else:
+        keys = torch.randn(B, H, m, s, D, dtype=torch.float64, requires_grad=True)
+        leaves = [q, keys]
+    v = torch.randn(B, H, s, D, dtype=torch.float64, requires_grad=True)
+    lp = torch.log_softmax(torch.randn(H, m, dtype=torch.float64), -1).requires_grad_() if prior else None
+    mask = torch.ones(B, s, dtype=torch.bool)
+    mask[1, s - 3:] = False
+    kw = dict(variances=_variances(m), log_prior=lp, e_step=e_step, attention_mask=mask if padded else None,
+              is_causal=causal)
+    out, w = mgk_attention_reference(q, keys, v, return_weights=True, **kw)
+    expected_out, expected = eq7.mgk(q, keys, v, **kw)
+    assert_close(w, expected, rtol=1e-12, atol=1e-12, msg="weights")
+    assert_close(out, expected_out, rtol=1e-12, atol=1e-12, msg="output")
+    leaves += [v] + ([lp] if prior and e_step == "soft" else [])
+    for g, r in zip(_grads(out, leaves), _grads(expected_out, leaves), strict=True):
+        assert_close(g, r, rtol=1e-10, atol=1e-12)
 
 
 def test_uniform_prior_equals_no_prior():
@@ -124,12 +152,9 @@ def test_mlk_fast_path_matches_reference(n, s, causal, padded):
 
 
 def test_mlk_matches_written_out_formula():
+    """Sec. 2.4 written out one query at a time (tests/eq7.py), every query of every head."""
     q, k, v, lp, _ = _inputs(4, requires_grad=False)
-    phi = lambda x: torch.nn.functional.elu(x) + 1
-    b, h, i = 0, 1, 2
-    mixed = sum(lp[h, r].exp() * phi(k[b, h, r]) for r in range(M))  # (S, D)
-    a = phi(q[b, h, i]) @ mixed.T
-    assert_close(mlk_attention(q, k, v, log_prior=lp)[b, h, i], (a / a.sum()) @ v[b, h])
+    assert_close(mlk_attention(q, k, v, log_prior=lp), eq7.mlk(q, k, v, log_prior=lp)[0])
 
 
 def test_m_step_responsibilities():

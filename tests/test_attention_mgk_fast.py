@@ -1,12 +1,16 @@
 """The blocked MGK / sMGK path (hf_mgk.attention_mgk._BlockedMGK) against the literal Eq. 7 reference: outputs and
 every gradient, soft and hard E-steps, M = 1, 2, 3, padding, causal masks, blocks that do not divide N, probabilities
-kept or recomputed for backward, rows far in the Gaussian tail, rows that see no key, dropout, gradcheck."""
+kept or recomputed for backward, rows far in the Gaussian tail, rows that see no key, dropout, gradcheck.
+
+The reference is the package's vectorised mgk_attention_reference (fast enough for N = 130, with dropout and
+return_weights); tests/test_attention_mgk.py checks it against Eq. 7 written out one query at a time (tests/eq7.py)."""
 
 import math
 
 import pytest
 import torch
 
+import eq7
 from conftest import assert_close
 from hf_mgk import attention_mgk as am
 from hf_mgk.attention_mgk import mgk_attention, mgk_attention_reference, smgk_attention
@@ -37,7 +41,7 @@ def _call(fn, tensors, shared, **kw):
     if shared:
         q, key, shift, v, lp = tensors
         if fn is mgk_attention_reference:
-            return fn(q, key[:, :, None] + shift[None, :, :, None, :], v, log_prior=lp, **kw)
+            return fn(q, eq7.shifted_keys(key, shift), v, log_prior=lp, **kw)
         return smgk_attention(q, key, shift, v, log_prior=lp, **kw)
     q, keys, v, lp = tensors
     return fn(q, keys, v, log_prior=lp, **kw)
@@ -119,7 +123,7 @@ def test_rows_far_in_the_tail_are_shifted(monkeypatch, keep, shared, e_step):
     *tensors, mask = _inputs(9, 9, 2, shared)
     with torch.no_grad():
         tensors[0][:, :, 4:] += 18.0  # rows 4..8 (blocks 2 and 3) far away, rows 0..3 not
-    q, keys = tensors[0], (tensors[1][:, :, None] + tensors[2][None, :, :, None] if shared else tensors[1])
+    q, keys = tensors[0], (eq7.shifted_keys(tensors[1], tensors[2]) if shared else tensors[1])
     log_kernel = am._log_kernel(q.detach(), keys.detach(), torch.tensor(_variances(2)), None)
     assert log_kernel[:, :, :, 4:].amax() < -103 and log_kernel[:, :, :, :4].amax(dim=(2, 4)).min() > -20
     kw = dict(variances=_variances(2), e_step=e_step, attention_mask=mask)
@@ -242,7 +246,7 @@ def test_smgk_attention_equals_mgk_with_shifted_keys_on_every_path():
     *tensors, mask = _inputs(8, 8, 2, True)
     q, key, shift, v, lp = tensors
     kw = dict(variances=_variances(2), log_prior=lp, attention_mask=mask, is_causal=True)
-    keys = key[:, :, None] + shift[None, :, :, None, :]
+    keys = eq7.shifted_keys(key, shift)
     assert_close(smgk_attention(q, key, shift, v, **kw), mgk_attention(q, keys, v, **kw))
     out, w = smgk_attention(q, key, shift, v, return_weights=True, **kw)  # the dense form
     assert_close(out, mgk_attention_reference(q, keys, v, **kw))

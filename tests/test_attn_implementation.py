@@ -23,17 +23,14 @@ from hf_mgk import (
     NPRFRobertaModel,
 )
 from hf_mgk import modeling_common
+import tiny
 
-BERT = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-            max_position_embeddings=64)
+BERT = tiny.bert()
 FAMILIES = {  # family: (model class, config class, config fields, its other attention type)
     "mgk": (MGKBertModel, MGKBertConfig, BERT, "mgk"),
-    "fish": (FiSHGPT2Model, FiSHGPT2Config,
-             dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64, num_global_heads=2), "fish"),
-    "mgk-gpt2": (MGKGPT2Model, MGKGPT2Config, dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64),
-                 "mgk"),
-    "nprf": (NPRFRobertaModel, NPRFRobertaConfig, dict(BERT, max_position_embeddings=66, pad_token_id=1,
-                                                       num_random_features=16), "nprf"),
+    "fish": (FiSHGPT2Model, FiSHGPT2Config, tiny.gpt2(num_global_heads=2), "fish"),
+    "mgk-gpt2": (MGKGPT2Model, MGKGPT2Config, tiny.gpt2(), "mgk"),
+    "nprf": (NPRFRobertaModel, NPRFRobertaConfig, tiny.roberta(pad_token_id=1, num_random_features=16), "nprf"),
 }
 
 

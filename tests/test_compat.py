@@ -20,17 +20,16 @@ from transformers import AutoTokenizer
 import hf_mgk
 from hf_mgk import bundled, hub
 from hf_mgk.hub import assert_same_outputs
+import tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The last v4 release, the first v5 release, one in the middle (5.9: it copies a local folder's files its own way)
 # and the newest at the time of writing. Every 5.x minor release was run by hand (README, "Publish").
 VERSIONS = os.environ.get("HF_MGK_COMPAT_VERSIONS", "4.57.6,5.0.0,5.9.0,5.23.0").split(",")
 
-BERT = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-            max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-GPT2 = dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
-            attn_pdrop=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-ROBERTA = dict(BERT, pad_token_id=1, bos_token_id=0, eos_token_id=2, num_random_features=16)
+BERT = tiny.bert(dropout=False)
+GPT2 = tiny.gpt2(dropout=False, special_ids=True)
+ROBERTA = tiny.roberta(dropout=False, special_ids=True, max_position_embeddings=64, num_random_features=16)
 # A published folder holds the tokenizer too (the card's snippet loads it with AutoTokenizer): one per family.
 TOKENIZERS = {"mgk-mgk": bundled.bert_checkpoint_dir, "fish-fish": bundled.gpt2_tokenizer_dir,
               "nprf-nprf": bundled.roberta_tokenizer_dir, "mgkgpt2-mgk": bundled.gpt2_tokenizer_dir}

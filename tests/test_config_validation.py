@@ -6,10 +6,10 @@ import pytest
 
 from hf_mgk import FiSHGPT2Config, MGKBertConfig, MGKGPT2Config, NPRFRobertaConfig
 from hf_mgk.modeling_common import check_sequence_length
+import tiny
 
-GPT2 = dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64)
-ENCODER = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-               max_position_embeddings=66)
+GPT2 = tiny.gpt2()
+ENCODER = tiny.roberta()  # MGK-BERT's and NPRF-RoBERTa's
 
 
 @pytest.mark.parametrize("kw,field", [
@@ -195,13 +195,11 @@ def test_a_new_num_keys_when_loading_takes_its_default_variances(tmp_path):
     from hf_mgk import MGKBertConfig, MGKBertModel
 
     stock = tmp_path / "bert"
-    BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37)
-              ).save_pretrained(stock)
+    BertModel(BertConfig(**tiny.bert_size(num_hidden_layers=1))).save_pretrained(stock)
     model = MGKBertModel.from_pretrained(stock, attention_type="mgk", num_keys=3)
     assert model.config.num_keys == 3 and model.config.mgk_variances == [1.0, 3.0, 5.0]
     ours = tmp_path / "mgk"
-    MGKBertModel(MGKBertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37,
-                               mgk_variances=[1.0, 0.5])).save_pretrained(ours)
+    MGKBertModel(MGKBertConfig(**tiny.bert_size(num_hidden_layers=1), mgk_variances=[1.0, 0.5])).save_pretrained(ours)
     # Variances the checkpoint chose are kept: a different num_keys is then an error naming them, not a silent reset.
     with pytest.raises(ValueError, match="mgk_variances must have num_keys=3 entries"):
         MGKBertConfig.from_pretrained(ours, num_keys=3)

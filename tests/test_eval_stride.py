@@ -13,6 +13,7 @@ from hf_mgk import bundled
 from hf_mgk.lm_eval import strided_eval, window_spans
 from conftest import write_play_split
 from test_run_lm import common, new_model, read_json, run_clm, tokenized_lines
+import tiny
 
 BLOCK = 16
 
@@ -88,19 +89,15 @@ INIT = 0.5
 
 def tiny_decoder(family):
     torch.manual_seed(0)
+    gpt2 = tiny.gpt2(vocab_size=97, n_positions=32, initializer_range=INIT)
     if family == "gpt2":
-        return GPT2LMHeadModel(GPT2Config(vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=32,
-                                          initializer_range=INIT))
+        return GPT2LMHeadModel(GPT2Config(**gpt2))
     if family == "fish-gpt2":
-        return hf_mgk.FiSHGPT2LMHeadModel(hf_mgk.FiSHGPT2Config(vocab_size=97, n_embd=32, n_layer=2, n_head=4,
-                                                                n_positions=32, num_global_heads=2,
-                                                                initializer_range=INIT))
+        return hf_mgk.FiSHGPT2LMHeadModel(hf_mgk.FiSHGPT2Config(**gpt2, num_global_heads=2))
     if family == "mgk-gpt2":
-        return hf_mgk.MGKGPT2LMHeadModel(hf_mgk.MGKGPT2Config(vocab_size=97, n_embd=32, n_layer=2, n_head=4,
-                                                              n_positions=32, num_keys=2, initializer_range=INIT))
-    return hf_mgk.NPRFRobertaForCausalLM(hf_mgk.NPRFRobertaConfig(
-        vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-        max_position_embeddings=34, num_random_features=16, is_decoder=True, initializer_range=INIT))
+        return hf_mgk.MGKGPT2LMHeadModel(hf_mgk.MGKGPT2Config(**gpt2, num_keys=2))
+    return hf_mgk.NPRFRobertaForCausalLM(hf_mgk.NPRFRobertaConfig(**tiny.roberta(
+        vocab_size=97, max_position_embeddings=34, num_random_features=16, is_decoder=True, initializer_range=INIT)))
 
 
 @pytest.mark.parametrize("family", ["gpt2", "fish-gpt2", "mgk-gpt2", "nprf-roberta"])

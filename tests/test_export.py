@@ -19,11 +19,11 @@ from hf_mgk import (
     NPRFRobertaConfig,
     NPRFRobertaModel,
 )
+import tiny
 
-BERT = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-            max_position_embeddings=64)
-GPT2 = dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64, use_cache=False)
-ROBERTA = dict(BERT, max_position_embeddings=66, num_random_features=16, pad_token_id=1)
+BERT = tiny.bert()
+GPT2 = tiny.gpt2(use_cache=False)
+ROBERTA = tiny.roberta(num_random_features=16, pad_token_id=1)
 
 # A representative attention type per family, and each family's softmax baseline.
 CASES = {

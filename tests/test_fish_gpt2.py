@@ -11,9 +11,9 @@ from conftest import assert_close, left_padded, positions
 from hf_mgk import FiSHGPT2Config, FiSHGPT2ForSequenceClassification, FiSHGPT2LMHeadModel, FiSHGPT2Model
 from hf_mgk.flops import fish_cost
 from hf_mgk.hub import assert_same_outputs, run_without_package
+from tiny import gpt2 as tiny_gpt2
 
-TINY = dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
-            attn_pdrop=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+TINY = tiny_gpt2(dropout=False, special_ids=True)
 TYPES = ["fish", "hard_fish", "gfish", "hard_gfish", "mish", "softmax"]
 
 

@@ -38,11 +38,10 @@ from hf_mgk import (
     NPRFRobertaModel,
 )
 from hf_mgk import modeling_warm_start
+import tiny
 
 D = 8  # head size of every tiny checkpoint: hidden 32 = 4 heads of 8
-TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-            max_position_embeddings=66, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-            initializer_range=0.2)  # 10x the default: attention patterns far from uniform
+TINY = tiny.roberta(dropout=False, initializer_range=0.2)  # 10x the default: attention patterns far from uniform
 
 
 def rows(heads):
@@ -290,7 +289,7 @@ def test_auto_classes_pass_the_choice_through_for_a_saved_folder(tmp_path):
 
 # ------------------------------------------------------------------ FiSH-GPT2: the list choice of global heads
 def test_fish_keeps_the_listed_global_heads(tmp_path, warnings_logged):
-    config = GPT2Config(vocab_size=99, n_positions=32, n_embd=32, n_layer=2, n_head=4, initializer_range=0.2)
+    config = GPT2Config(**tiny.gpt2(n_positions=32, initializer_range=0.2))
     stock = GPT2LMHeadModel(config).eval()
     stock.save_pretrained(tmp_path / "gpt2")
     fish, info = FiSHGPT2LMHeadModel.from_pretrained(tmp_path / "gpt2", attention_type="fish", keep_heads=[3, 1],

@@ -26,6 +26,7 @@ import transformers
 
 import hf_mgk
 from hf_mgk.families import FAMILIES
+import tiny
 
 pytestmark = pytest.mark.slow  # about 800 tests: 2-4 minutes on 2 cores
 
@@ -98,11 +99,9 @@ else:
                 inputs["token_type_ids"] = ids_tensor([self.batch_size, self.seq_length], 2)
             return self.get_config(), inputs
 
-    BERT = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-                max_position_embeddings=64, type_vocab_size=2)
-    GPT2 = dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_inner=37, n_positions=64,
-                pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    ROBERTA = dict(BERT, type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2, num_random_features=16)
+    BERT = tiny.bert(type_vocab_size=2)
+    GPT2 = tiny.gpt2(n_inner=37, special_ids=True)
+    ROBERTA = tiny.roberta(special_ids=True, max_position_embeddings=64, type_vocab_size=1, num_random_features=16)
 
     SDPA_TEST = "test_eager_matches_sdpa_inference"
     # Tests that do not apply to the attention types other than softmax, by design: {name or name prefix: reason}.

@@ -12,6 +12,7 @@ from transformers.utils import logging as tlogging
 from hf_mgk import FiSHGPT2Config, MGKBertConfig, MGKGPT2Config, NPRFRobertaConfig
 from conftest import write_play_split
 from test_run_lm import common, run_mlm
+import tiny
 
 MISMATCH = "to instantiate a model of type"
 
@@ -36,11 +37,10 @@ def transformers_records():
 
 
 @pytest.mark.parametrize("stock_config, config_cls", [
-    (BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37), MGKBertConfig),
-    (RobertaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37),
-     NPRFRobertaConfig),
-    (GPT2Config(n_embd=32, n_layer=1, n_head=4), FiSHGPT2Config),
-    (GPT2Config(n_embd=32, n_layer=1, n_head=4), MGKGPT2Config),
+    (BertConfig(**tiny.bert_size(num_hidden_layers=1)), MGKBertConfig),
+    (RobertaConfig(**tiny.bert_size(num_hidden_layers=1)), NPRFRobertaConfig),
+    (GPT2Config(**tiny.gpt2_size(n_layer=1)), FiSHGPT2Config),
+    (GPT2Config(**tiny.gpt2_size(n_layer=1)), MGKGPT2Config),
 ])
 def test_a_stock_config_converts_without_the_mismatch_warning(stock_config, config_cls, tmp_path,
                                                               transformers_records):
@@ -56,7 +56,7 @@ def test_a_stock_config_converts_without_the_mismatch_warning(stock_config, conf
 
 
 def test_an_unsupported_mismatch_still_warns(tmp_path, transformers_records):
-    GPT2Config(n_embd=32, n_layer=1, n_head=4).save_pretrained(tmp_path)
+    GPT2Config(**tiny.gpt2_size(n_layer=1)).save_pretrained(tmp_path)
     try:
         MGKBertConfig.from_pretrained(tmp_path)
     except (ValueError, TypeError, AttributeError):
@@ -72,8 +72,7 @@ def test_a_warm_started_model_reports_its_heads_not_the_mismatch(tmp_path, trans
     from hf_mgk import MGKBertForMaskedLM
 
     torch.manual_seed(0)
-    BertForMaskedLM(BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                               intermediate_size=37)).save_pretrained(tmp_path)
+    BertForMaskedLM(BertConfig(**tiny.bert_size(vocab_size=50, num_hidden_layers=1))).save_pretrained(tmp_path)
     MGKBertForMaskedLM.from_pretrained(tmp_path, num_attention_heads=2)
     messages = [r.getMessage() for r in transformers_records]
     assert not [m for m in messages if MISMATCH in m]
@@ -85,9 +84,9 @@ def test_training_scripts_log_the_run_banner(tmp_path, transformers_records):
     default log_level 'passive' would keep warnings only): the records reach transformers' own handler."""
     tlogging.set_verbosity_warning()  # what a fresh process has
     texts = write_play_split(tmp_path, (200, 300), (300, 330))
-    run_mlm.main(["--model_type", "mgk-bert", "--tokenizer_name", _bert_dir(), "--config_overrides",
-                  "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=37,"
-                  "max_position_embeddings=64", *common(texts, tmp_path / "out", tmp_path, steps=1),
+    overrides = tiny.overrides(tiny.bert_size(num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=64))
+    run_mlm.main(["--model_type", "mgk-bert", "--tokenizer_name", _bert_dir(), "--config_overrides", overrides,
+                  *common(texts, tmp_path / "out", tmp_path, steps=1),
                   "--do_train", "--max_seq_length", "32"])
     messages = [r.getMessage() for r in transformers_records]
     assert "***** Running training *****" in messages

@@ -18,12 +18,11 @@ from hf_mgk import (
     NPRFRobertaModel,
 )
 from hf_mgk import attention_nprf
+import tiny
 
-BERT = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-            max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-GPT2 = dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64, use_cache=False, resid_pdrop=0.0,
-            embd_pdrop=0.0, attn_pdrop=0.0)
-ROBERTA = dict(BERT, max_position_embeddings=66, num_random_features=16, pad_token_id=1)
+BERT = tiny.bert(dropout=False)
+GPT2 = tiny.gpt2(dropout=False, use_cache=False)
+ROBERTA = tiny.roberta(dropout=False, num_random_features=16, pad_token_id=1)
 
 CASES = {  # name: (model, causal)
     **{f"mgk-{t}": (lambda t=t: MGKBertModel(MGKBertConfig(**BERT, attention_type=t)), False)

@@ -21,6 +21,7 @@ from transformers import (
 )
 
 from conftest import assert_close
+from tiny import bert as tiny_bert
 from hf_mgk.attention_mgk import mgk_responsibilities
 from hf_mgk.hub import assert_same_outputs, check_remote_code, run_without_package, save_for_hub
 from hf_mgk import (
@@ -32,8 +33,7 @@ from hf_mgk import (
     MGKBertModel,
 )
 
-TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-            max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+TINY = tiny_bert(dropout=False)
 VARIANTS = [
     dict(attention_type="mgk"), dict(attention_type="smgk"), dict(attention_type="mgk", e_step="hard"),
     dict(attention_type="smgk", e_step="hard"), dict(attention_type="mgk", mgk_prior="em"),

@@ -8,11 +8,12 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
+import eq7
 from conftest import assert_close, left_padded, positions
 from hf_mgk import MGKGPT2Config, MGKGPT2ForSequenceClassification, MGKGPT2LMHeadModel, MGKGPT2Model
+from tiny import gpt2 as tiny_gpt2
 
-TINY = dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
-            attn_pdrop=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+TINY = tiny_gpt2(dropout=False, special_ids=True)
 # (attention_type, e_step, prior): every MGK type, both E-steps, the three priors
 VARIANTS = [("softmax", "soft", "learned")] + [
     (t, e, p) for t in ("mgk", "smgk") for e in ("soft", "hard") for p in ("learned", "em", "uniform")
@@ -42,14 +43,11 @@ def make(variant, cls=MGKGPT2LMHeadModel, **kw):
 
 # ---------------------------------------------------------------------------------------------- Eq. 7 written out
 def eq7_reference(att, x, real):
-    """The attention block's output (before the residual) for hidden states x (B, N, d), written out from the
-    paper, one query at a time: query i sees the real positions j <= i; MGK (Eq. 7)
-        score_ij = log sum_r pi_r exp(-|q_i - k_jr|^2 / (2 sigma_r^2))   (soft E-step)
-        score_ij = max_r (-|q_i - k_jr|^2 / (2 sigma_r^2))                (hard E-step)
-        h_i = sum_j softmax_j(score_ij) v_j,
-    MLK (Sec. 2.4) h_i = sum_j a_ij v_j with a_ij proportional to phi(q_i) . sum_r pi_r phi(k_jr), phi = elu + 1;
-    the softmax baseline q_i . k_j / sqrt(D). sigma_r^2 = mgk_variances[r] * sqrt(D). Rows of padded queries are
-    zero (they are not compared)."""
+    """The attention block's output (before the residual) for hidden states x (B, N, d), from the paper's formulas
+    written out one query at a time (tests/eq7.py): query i sees the real positions j <= i; MGK (Eq. 7, soft or
+    hard E-step), MLK (Sec. 2.4) or the softmax baseline, over this block's own projections, keys (option A's extra
+    key projections, or sMGK's key shifts) and prior pi. sigma_r^2 = mgk_variances[r] * sqrt(D). Rows of padded
+    queries are zero (they are not compared)."""
     config = att.config
     b, n, _ = x.shape
     h, d, m = att.num_heads, att.head_dim, att.num_keys
@@ -64,44 +62,24 @@ def eq7_reference(att, x, real):
     v = heads(x @ w[:, 2 * inner:] + bias[2 * inner:])
     kind = config.attention_type
     if kind in ("mgk", "mlk"):
-        keys = [k] + [heads(x @ e.weight + e.bias) for e in att.extra_keys]
+        keys = torch.stack([k] + [heads(x @ e.weight + e.bias) for e in att.extra_keys], 2)
     elif kind in ("smgk", "smlk"):
-        keys = [k + att.key_shift[:, r][None, :, None, :] for r in range(m)]
-    else:
-        keys = [k]
+        keys = eq7.shifted_keys(k, att.key_shift)
     if att.prior_type == "learned":
         pi = torch.softmax(att.prior_logits, -1)
     elif att.prior_type == "em":
         pi = att.prior
     else:
         pi = torch.full((h, m), 1.0 / m)
-    var = [s * math.sqrt(d) for s in config.mgk_variances[:m]]
-    rows = []
-    for bb in range(b):
-        for hh in range(h):
-            for i in range(n):
-                seen = [j for j in range(i + 1) if real[bb, j]]
-                if not real[bb, i]:
-                    rows.append(torch.zeros(d))
-                    continue
-                qi = q[bb, hh, i]
-                kr = [key[bb, hh, seen] for key in keys]  # M x (|seen|, D)
-                if kind == "softmax":
-                    a = torch.softmax(kr[0] @ qi / math.sqrt(d), 0)
-                elif kind in ("mlk", "smlk"):
-                    phi = torch.nn.functional.elu
-                    kernel = sum(pi[hh, r] * (phi(kr[r]) + 1) for r in range(m)) @ (phi(qi) + 1)
-                    a = kernel / kernel.sum()
-                else:
-                    terms = torch.stack([-(qi - kr[r]).pow(2).sum(-1) / (2 * var[r]) for r in range(m)])
-                    if config.e_step == "soft":
-                        score = torch.logsumexp(terms + pi[hh].log()[:, None], 0)
-                    else:
-                        score = terms.max(0).values
-                    a = torch.softmax(score, 0)
-                rows.append(a @ v[bb, hh, seen])
-    out = torch.stack(rows).view(b, h, n, d).transpose(1, 2).reshape(b, n, inner)
-    return att.c_proj(out)
+    mask = dict(attention_mask=real, is_causal=True)
+    if kind == "softmax":
+        out, _ = eq7.dot_product(q, k, v, **mask)
+    elif kind in ("mlk", "smlk"):
+        out, _ = eq7.mlk(q, keys, v, log_prior=pi.log(), **mask)
+    else:
+        var = [s * math.sqrt(d) for s in config.mgk_variances[:m]]
+        out, _ = eq7.mgk(q, keys, v, variances=var, log_prior=pi.log(), e_step=config.e_step, **mask)
+    return att.c_proj(out.transpose(1, 2).reshape(b, n, inner))
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=IDS)

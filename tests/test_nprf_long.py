@@ -12,11 +12,12 @@ import torch
 from conftest import assert_close
 from hf_mgk import NPRFRobertaConfig, NPRFRobertaForMaskedLM, NPRFRobertaModel
 from hf_mgk import attention_nprf
+import tiny
 
 # Default RPE buckets (32, max_distance 128): the band path applies only from about 2w + 3 * 64 tokens
 # (w = 91 bidirectional, 113 causal), so a 256-token input takes the explicit path and 16k the band path.
-TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_random_features=16)
+# No max_position_embeddings: each test sets the length it needs (or no absolute positions)
+TINY = tiny.bert_size(dropout=False, vocab_size=99, num_random_features=16)
 
 
 def _path(n, config):

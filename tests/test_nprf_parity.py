@@ -19,6 +19,7 @@ from transformers import (
 )
 from transformers.models.t5.modeling_t5 import T5Attention
 
+import tiny
 from conftest import assert_close, roberta_padded_batch as padded_batch
 from hf_mgk import (
     NPRFRobertaConfig,
@@ -30,9 +31,8 @@ from hf_mgk import (
     attention_nprf,
 )
 
-ROBERTA = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-               max_position_embeddings=66, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-               num_labels=3, initializer_range=0.2)  # 10x the default: attention is not lost beside the residual
+ROBERTA = tiny.roberta(dropout=False, num_labels=3,
+                       initializer_range=0.2)  # 10x the default: attention is not lost beside the residual
 
 
 # ------------------------------------------------------------------ 1. softmax = stock RoBERTa, every head

@@ -19,10 +19,9 @@ from hf_mgk import (
 from hf_mgk.attention_nprf import draw_features
 from hf_mgk.hub import assert_same_outputs, run_without_package
 from hf_mgk.modeling_nprf_roberta import feature_generator
+from tiny import roberta as tiny_roberta
 
-TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-            max_position_embeddings=66, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-            num_random_features=16, rpe_num_buckets=8, rpe_max_distance=16)
+TINY = tiny_roberta(dropout=False, num_random_features=16, rpe_num_buckets=8, rpe_max_distance=16)
 VARIANTS = [dict(), dict(normalize_qk=False), dict(use_rpe=False), dict(use_absolute_positions=False),
             dict(head_dim=12, num_attention_heads=3), dict(attention_type="softmax")]
 IDS = ["nprf", "unnormalized", "no-rpe", "no-abs-pos", "head-dim", "softmax"]

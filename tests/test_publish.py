@@ -22,12 +22,13 @@ from hf_mgk.folders import sha256_file
 from hf_mgk.modeling_mgk_bert import MGKBertForSequenceClassification
 
 from conftest import assert_kept, plant
+import tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import publish  # noqa: E402
 
-TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+TINY = tiny.bert_size()  # each test sets vocab_size
 GOOD, BAD = ["good", "great", "fine", "lovely", "superb"], ["bad", "awful", "poor", "dull", "boring"]
 
 
@@ -187,9 +188,8 @@ def make_run(tmp_path, model, info, metrics):
 
 @pytest.mark.parametrize("family, cls, config_kwargs, pipeline", [
     ("mgk-bert", hf_mgk.MGKBertForMaskedLM, TINY, "fill-mask"),
-    ("fish-gpt2", hf_mgk.FiSHGPT2LMHeadModel, dict(n_embd=32, n_layer=2, n_head=4, num_global_heads=2),
-     "text-generation"),
-    ("mgk-gpt2", hf_mgk.MGKGPT2LMHeadModel, dict(n_embd=32, n_layer=2, n_head=4, e_step="hard"), "text-generation"),
+    ("fish-gpt2", hf_mgk.FiSHGPT2LMHeadModel, tiny.gpt2_size(num_global_heads=2), "text-generation"),
+    ("mgk-gpt2", hf_mgk.MGKGPT2LMHeadModel, tiny.gpt2_size(e_step="hard"), "text-generation"),
     ("nprf-roberta", hf_mgk.NPRFRobertaForQuestionAnswering, dict(TINY, num_random_features=8),
      "question-answering"),
 ])

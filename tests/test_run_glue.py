@@ -20,6 +20,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 import hf_mgk
 from hf_mgk import bundled, hub
+import tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location("run_glue", os.path.join(ROOT, "scripts", "run_glue.py"))
@@ -48,8 +49,7 @@ SUBMISSION = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "qqp": "QQP", "st
 AS_NAMES = {"mnli", "qnli", "rte"}  # the GLUE server reads label names for these, 0/1 for the others
 WORDS = ("the a cat dog bird sat ran on under big small red blue house river quickly slowly not never always "
          "happy sad film movie good bad question answer why who").split()
-TINY_BERT = ("hidden_size=32,num_hidden_layers=2,num_attention_heads=4,intermediate_size=37,"
-             "max_position_embeddings=64")
+TINY_BERT = tiny.overrides(tiny.bert_size(max_position_embeddings=tiny.POSITIONS))  # --config_overrides text
 COMMON = ["--use_cpu", "--report_to", "none", "--max_steps", "2", "--per_device_train_batch_size", "4",
           "--per_device_eval_batch_size", "8", "--save_strategy", "no", "--max_seq_length", str(MAX_LEN),
           "--disable_tqdm", "true"]
@@ -134,9 +134,8 @@ def stock_roberta_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("stock-roberta")
     tokenizer = AutoTokenizer.from_pretrained(bundled.roberta_tokenizer_dir())
     assert (tokenizer.pad_token_id, tokenizer.mask_token_id, len(tokenizer)) == (1, 50261, 50262)
-    config = RobertaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                           intermediate_size=37, max_position_embeddings=MAX_LEN + 2, pad_token_id=1,
-                           bos_token_id=0, eos_token_id=2, initializer_range=0.3)
+    config = RobertaConfig(**tiny.roberta(special_ids=True, vocab_size=len(tokenizer),
+                                          max_position_embeddings=MAX_LEN + 2, initializer_range=0.3))
     RobertaForMaskedLM(config).save_pretrained(folder / "model")
     tokenizer.save_pretrained(folder / "model")
     return str(folder / "model")
@@ -167,9 +166,8 @@ def stock_mrpc_bert_dir(tmp_path_factory, bert_tokenizer_dir):
 
     torch.manual_seed(1)
     names = ["equivalent", "not_equivalent"]
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=37, max_position_embeddings=64, id2label=dict(enumerate(names)),
-                        label2id={n: i for i, n in enumerate(names)}, initializer_range=0.3)
+    config = BertConfig(**tiny.bert(vocab_size=30522, id2label=dict(enumerate(names)),
+                                    label2id={n: i for i, n in enumerate(names)}, initializer_range=0.3))
     tokenizer = AutoTokenizer.from_pretrained(bert_tokenizer_dir)
     model = centre_classifier(BertForSequenceClassification(config), tokenizer)
     folder = str(tmp_path_factory.mktemp("stock-bert-mrpc"))
@@ -188,9 +186,7 @@ def mgk_classifier(tmp_path_factory, bert_tokenizer_dir):
     def get(num_labels):
         if num_labels not in folders:
             torch.manual_seed(num_labels)
-            config = hf_mgk.MGKBertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2,
-                                          num_attention_heads=4, intermediate_size=37, max_position_embeddings=64,
-                                          num_labels=num_labels, initializer_range=0.3)
+            config = hf_mgk.MGKBertConfig(**tiny.bert(vocab_size=30522, num_labels=num_labels, initializer_range=0.3))
             tokenizer = AutoTokenizer.from_pretrained(bert_tokenizer_dir)
             model = centre_classifier(hf_mgk.MGKBertForSequenceClassification(config), tokenizer)
             folders[num_labels] = str(tmp_path_factory.mktemp(f"mgk-bert-{num_labels}-labels"))

@@ -19,6 +19,7 @@ from transformers import (AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokeni
 import hf_mgk
 from hf_mgk import bundled, training
 from conftest import assert_kept, plant, run_torchrun, write_play_split
+import tiny
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -33,13 +34,12 @@ def _script(name):
 run_mlm = _script("run_mlm")
 run_clm = _script("run_clm")
 
-TINY = {
-    "mgk-bert": "hidden_size=32,num_hidden_layers=2,num_attention_heads=4,intermediate_size=37,"
-                "max_position_embeddings=64",
-    "nprf-roberta": "hidden_size=32,num_hidden_layers=2,num_attention_heads=4,intermediate_size=37,"
-                    "max_position_embeddings=66,num_random_features=16",
-    "fish-gpt2": "n_embd=32,n_layer=2,n_head=4,n_inner=37,n_positions=64,num_global_heads=2",
-    "mgk-gpt2": "n_embd=32,n_layer=2,n_head=4,n_inner=37,n_positions=64,num_keys=2",
+TINY = {  # --config_overrides text (the vocabulary is the tokenizer's)
+    "mgk-bert": tiny.overrides(tiny.bert_size(max_position_embeddings=tiny.POSITIONS)),
+    "nprf-roberta": tiny.overrides(tiny.bert_size(max_position_embeddings=tiny.ROBERTA_POSITIONS,
+                                                  num_random_features=16)),
+    "fish-gpt2": tiny.overrides(tiny.gpt2_size(n_inner=37, n_positions=tiny.POSITIONS, num_global_heads=2)),
+    "mgk-gpt2": tiny.overrides(tiny.gpt2_size(n_inner=37, n_positions=tiny.POSITIONS, num_keys=2)),
 }
 GPT2_FAMILIES = ("fish-gpt2", "mgk-gpt2")
 NO_DROPOUT = {"mgk-bert": "hidden_dropout_prob=0,attention_probs_dropout_prob=0",
@@ -79,8 +79,7 @@ def save_tiny_stock_gpt2(folder):
     """A tiny stock GPT2LMHeadModel (4 heads of 8, seed 0) with the bundled GPT-2 tokenizer, saved in `folder`."""
     tokenizer = AutoTokenizer.from_pretrained(bundled.gpt2_tokenizer_dir())
     torch.manual_seed(0)
-    GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4, n_inner=37,
-                               n_positions=64)).save_pretrained(folder)
+    GPT2LMHeadModel(GPT2Config(**tiny.gpt2(vocab_size=len(tokenizer), n_inner=37))).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder)
 
@@ -94,8 +93,7 @@ def stock_gpt2_dir(work):
 def stock_bert_dir(work, bert_dir):
     """A tiny stock BertForMaskedLM (MLM head included) with the bundled bert-base-uncased tokenizer."""
     torch.manual_seed(0)
-    model = BertForMaskedLM(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                       intermediate_size=37, max_position_embeddings=64))
+    model = BertForMaskedLM(BertConfig(**tiny.bert_size(max_position_embeddings=tiny.POSITIONS)))
     model.save_pretrained(work / "stock-bert")
     AutoTokenizer.from_pretrained(bert_dir).save_pretrained(work / "stock-bert")
     return str(work / "stock-bert")
@@ -257,7 +255,7 @@ def test_which_family_a_checkpoint_starts(stock_gpt2_dir, stock_bert_dir, tmp_pa
     assert _family("--model_name_or_path", stock_bert_dir, "--attention_overrides", "attention_type=mgk") == "mgk-bert"
     assert _family("--model_type", "mgk-gpt2", "--tokenizer_name", stock_gpt2_dir) == "mgk-gpt2"
     saved = tmp_path / "mgk-gpt2"
-    hf_mgk.MGKGPT2Config(n_embd=32, n_layer=2, n_head=4).save_pretrained(saved)
+    hf_mgk.MGKGPT2Config(**tiny.gpt2_size()).save_pretrained(saved)
     assert _family("--model_name_or_path", str(saved)) == "mgk-gpt2"
     assert _family("--model_name_or_path", str(saved), "--family", "mgk-gpt2") == "mgk-gpt2"
     assert _family("--model_name_or_path", str(saved), "--attention_overrides", "attention_type=softmax") == "mgk-gpt2"
@@ -279,7 +277,7 @@ def test_which_family_a_checkpoint_starts(stock_gpt2_dir, stock_bert_dir, tmp_pa
 ])
 def test_contradictory_family_is_an_error(argv, message, texts, work, stock_gpt2_dir, stock_bert_dir, tmp_path):
     saved = tmp_path / "saved-mgk-gpt2"
-    hf_mgk.MGKGPT2Config(n_embd=32, n_layer=2, n_head=4).save_pretrained(saved)
+    hf_mgk.MGKGPT2Config(**tiny.gpt2_size()).save_pretrained(saved)
     paths = {"GPT2": stock_gpt2_dir, "BERT": stock_bert_dir, "SAVED": str(saved)}
     out = tmp_path / "out"
     with pytest.raises(ValueError, match=message):

@@ -15,13 +15,14 @@ from datasets import Dataset
 from transformers import AutoTokenizer, ProphetNetTokenizer
 
 from hf_mgk import bundled, qa
+import tiny
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
 import run_qa  # noqa: E402
 
-TINY_BERT = "hidden_size=32,num_hidden_layers=2,num_attention_heads=4,intermediate_size=37,max_position_embeddings=128"
-TINY_ROBERTA = ("hidden_size=32,num_hidden_layers=2,num_attention_heads=4,intermediate_size=37,"
-                "max_position_embeddings=130,vocab_size=50262,num_random_features=16")
+# --config_overrides text: 128 positions (130 for RoBERTa, its positions start after the padding index)
+TINY_BERT = tiny.overrides(tiny.bert_size(max_position_embeddings=128))
+TINY_ROBERTA = tiny.overrides(tiny.bert_size(max_position_embeddings=130, vocab_size=50262, num_random_features=16))
 SHORT = ["--max_seq_length", "64", "--doc_stride", "16"]
 
 RIVER = ("The Aare is the longest river that flows entirely within Switzerland. It rises in the Bernese Alps near "
@@ -472,7 +473,7 @@ def test_unanswerable_questions_need_the_v2_flag(tmp_path):
 def test_fish_gpt2_has_no_qa_head(tmp_path):
     squad = write_json(tmp_path / "train.json", squad_json())
     with pytest.raises(ValueError, match="fish-gpt2 has no model for extractive question answering"):
-        run_qa.main(_common(tmp_path / "out", overrides="n_embd=32,n_layer=2,n_head=4", model_type="fish-gpt2")
+        run_qa.main(_common(tmp_path / "out", overrides=tiny.overrides(tiny.gpt2_size()), model_type="fish-gpt2")
                     + ["--do_eval", "--validation_file", squad])
 
 

@@ -10,12 +10,11 @@ from transformers import StaticCache
 from conftest import assert_close
 from hf_mgk import (FiSHGPT2Config, FiSHGPT2LMHeadModel, MGKGPT2Config, MGKGPT2LMHeadModel, NPRFRobertaConfig,
                     NPRFRobertaForCausalLM)
+import tiny
 
-GPT2 = dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
-            attn_pdrop=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-ROBERTA = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-               max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-               num_random_features=16, pad_token_id=1, bos_token_id=0, eos_token_id=2, is_decoder=True)
+GPT2 = tiny.gpt2(dropout=False, special_ids=True)
+ROBERTA = tiny.roberta(dropout=False, special_ids=True, max_position_embeddings=64, num_random_features=16,
+                       is_decoder=True)
 
 CASES = {
     "fish-softmax": lambda: FiSHGPT2LMHeadModel(FiSHGPT2Config(**GPT2, attention_type="softmax")),

@@ -10,11 +10,11 @@ import pytest
 import hf_mgk
 from hf_mgk import (FiSHGPT2Config, FiSHGPT2Model, MGKBertConfig, MGKBertModel, MGKGPT2Config, MGKGPT2Model,
                     NPRFRobertaConfig, NPRFRobertaModel)
+import tiny
 
 PACKAGE = Path(hf_mgk.__file__).parent
 TRAVELLING = re.compile(r"(configuration_|modeling_|attention_).*\.py|config_checks\.py|transformers_compat\.py")
-ENCODER = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-               max_position_embeddings=66)
+ENCODER = tiny.roberta()  # MGK-BERT's and NPRF-RoBERTa's
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +22,7 @@ def travelling_files(tmp_path_factory):
     """The .py files save_pretrained writes for each family, checked to be the ones the name pattern covers."""
     copied = set()
     for model in (MGKBertModel(MGKBertConfig(**ENCODER)), NPRFRobertaModel(NPRFRobertaConfig(**ENCODER)),
-                  FiSHGPT2Model(FiSHGPT2Config(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64)),
-                  MGKGPT2Model(MGKGPT2Config(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64))):
+                  FiSHGPT2Model(FiSHGPT2Config(**tiny.gpt2())), MGKGPT2Model(MGKGPT2Config(**tiny.gpt2()))):
         folder = tmp_path_factory.mktemp(model.config.model_type)
         model.save_pretrained(folder)
         copied |= {p.name for p in folder.glob("*.py")}

@@ -14,6 +14,7 @@ from transformers import Trainer, TrainingArguments
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 import hf_mgk  # noqa: E402
+import tiny  # noqa: E402 (tests/, this script's folder, is on sys.path)
 
 N_TOKENS = 12
 MASKED_PER_EXAMPLE = [1, 9, 2, 6]  # unequal on purpose
@@ -49,15 +50,11 @@ def build_model(task):
     torch.manual_seed(0)
     if task == "clm":  # hard FiSH: noise-free, so the two runs draw no different random numbers
         return hf_mgk.FiSHGPT2LMHeadModel(hf_mgk.FiSHGPT2Config(
-            vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
-            attn_pdrop=0.0, attention_type="hard_fish", num_global_heads=2))
+            **tiny.gpt2(dropout=False), attention_type="hard_fish", num_global_heads=2))
     if task == "clm-mgk":  # MGK-GPT2 with a learned prior (the EM prior would change between micro-batches)
         return hf_mgk.MGKGPT2LMHeadModel(hf_mgk.MGKGPT2Config(
-            vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
-            attn_pdrop=0.0, attention_type="mgk", num_keys=2))
-    cfg = hf_mgk.MGKBertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                               intermediate_size=37, max_position_embeddings=64, hidden_dropout_prob=0.0,
-                               attention_probs_dropout_prob=0.0, num_labels=3)
+            **tiny.gpt2(dropout=False), attention_type="mgk", num_keys=2))
+    cfg = hf_mgk.MGKBertConfig(**tiny.bert(dropout=False, num_labels=3))
     cls = hf_mgk.MGKBertForMaskedLM if task == "mlm" else hf_mgk.MGKBertForSequenceClassification
     return cls(cfg)
 
