@@ -304,6 +304,7 @@ def _blocks(folder, text_file, count, length):
     return torch.tensor([prefix + ids[i * body:(i + 1) * body] + suffix for i in range(count)])
 
 
+@pytest.mark.slow
 def test_script_end_to_end(checkpoints, capsys):
     work, paths, text = checkpoints
     out = work / "out"
@@ -348,6 +349,7 @@ def test_script_end_to_end(checkpoints, capsys):
     assert sum(counts) == 5 * 4
 
 
+@pytest.mark.slow
 def test_script_refusals(checkpoints, tmp_path, capsys):
     work, paths, text = checkpoints
     mine = tmp_path / "notes.txt"

@@ -12,6 +12,8 @@ from test_run_glue import COMMON as GLUE_COMMON
 from test_run_glue import TINY_BERT, bert_tokenizer_dir, run_glue  # noqa: F401 (a fixture)
 from test_run_lm import bert_dir, common, new_model, run_mlm, stock_bert_dir, texts, work  # noqa: F401 (fixtures)
 
+pytestmark = pytest.mark.slow  # the scripts end to end on bad files and arguments
+
 
 def write(path, content):
     """`content` (str, or bytes for a file that is not UTF-8) into `path`; returns the path as a string."""

@@ -248,6 +248,7 @@ def test_each_entry_file_imports_every_sibling_it_needs_itself(name):
 
 
 @pytest.mark.slow
+@pytest.mark.network  # the virtualenvs install the other transformers releases from PyPI (once)
 @pytest.mark.parametrize("version", VERSIONS)
 def test_saved_folders_load_with_identical_outputs(saved, version, tmp_path):
     cases, expected = saved

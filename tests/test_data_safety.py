@@ -15,6 +15,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import quickstart  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the writing commands end to end on planted folders
+
 TINY = ["--adapt_steps", "2", "--finetune_steps", "3", "--max_train_samples", "48", "--max_eval_samples", "40",
         "--max_seq_length", "32", "--batch_size", "8"]
 

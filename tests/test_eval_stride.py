@@ -15,6 +15,8 @@ from conftest import write_play_split
 from test_run_lm import common, new_model, read_json, run_clm, tokenized_lines
 import tiny
 
+pytestmark = pytest.mark.slow  # run_clm end to end against a brute-force recomputation
+
 BLOCK = 16
 
 

@@ -21,6 +21,8 @@ from hf_mgk import (
 )
 import tiny
 
+pytestmark = pytest.mark.slow  # torch.export / ONNX / compile
+
 BERT = tiny.bert()
 GPT2 = tiny.gpt2(use_cache=False)
 ROBERTA = tiny.roberta(num_random_features=16, pad_token_id=1)
@@ -89,7 +91,6 @@ def test_torch_export_gives_the_eager_outputs(case):
         assert_close(out, eager(model, ids, mask), rtol=1e-5)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case", NON_SOFTMAX + ["mgk-softmax"])
 def test_fullgraph_compile_gives_the_eager_outputs(case, fresh_dynamo):
     model = model_for(case)
@@ -102,7 +103,6 @@ def test_fullgraph_compile_gives_the_eager_outputs(case, fresh_dynamo):
         assert_close(out, eager(model, ids, mask), rtol=1e-5)
 
 
-@pytest.mark.slow
 def test_fullgraph_compile_with_inductor(fresh_dynamo):
     model = model_for("fish-fish")
     compiled = torch.compile(model, fullgraph=True)
@@ -121,7 +121,6 @@ def _run_onnx(model_bytes, ids, mask):
     return torch.from_numpy(session.run(None, dict(zip(names, (ids.numpy(), mask.numpy()))))[0])
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_onnx_dynamo_export_runs_in_onnxruntime_as_eager(case):
     pytest.importorskip("onnxruntime")

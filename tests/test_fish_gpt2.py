@@ -308,6 +308,7 @@ def test_too_long_input_is_refused_clearly():
         model(torch.randint(3, 99, (1, 65)))
 
 
+@pytest.mark.slow
 def test_remote_code_without_hf_mgk_gives_identical_logits_and_text(tmp_path):
     """One child process without hf_mgk loads the folders through AutoModelForCausalLM, AutoModel and
     AutoModelForSequenceClassification: same classes, same weights, same outputs, same generated text."""

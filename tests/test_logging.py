@@ -79,6 +79,7 @@ def test_a_warm_started_model_reports_its_heads_not_the_mismatch(tmp_path, trans
     assert [m for m in messages if "kept" in m and "head" in m]
 
 
+@pytest.mark.slow
 def test_training_scripts_log_the_run_banner(tmp_path, transformers_records):
     """setup_logging puts transformers at info on the main process (transformers' examples do the same; the
     default log_level 'passive' would keep warnings only): the records reach transformers' own handler."""

@@ -369,6 +369,7 @@ def test_save_writes_a_hub_ready_folder_and_reloads_identically(tmp_path):
     assert isinstance(AutoConfig.from_pretrained(tmp_path), MGKBertConfig)
 
 
+@pytest.mark.slow
 def test_remote_code_loads_in_a_process_without_hf_mgk(tmp_path):
     torch.manual_seed(0)
     heads = {
@@ -406,6 +407,7 @@ def test_remote_code_loads_in_a_process_without_hf_mgk(tmp_path):
         assert_same_outputs(torch.tensor(values), torch.tensor(expected[auto_name]), auto_name)
 
 
+@pytest.mark.slow
 def test_save_for_hub_never_overwrites_and_check_remote_code_detects_a_mismatch(tmp_path):
     model = MGKBertModel(tiny()).eval()
     folder = tmp_path / "published"

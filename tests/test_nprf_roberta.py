@@ -220,6 +220,7 @@ def test_autocast_stays_finite(dtype):
     out.loss.backward()
 
 
+@pytest.mark.slow
 def test_remote_code_without_hf_mgk(tmp_path):
     ids, mask = batch()
     expected = {}

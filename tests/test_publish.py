@@ -28,6 +28,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import publish  # noqa: E402
 
+pytestmark = pytest.mark.slow  # export / card / upload end to end, with virtualenv checks
+
 TINY = tiny.bert_size()  # each test sets vocab_size
 GOOD, BAD = ["good", "great", "fine", "lovely", "superb"], ["bad", "awful", "poor", "dull", "boring"]
 

@@ -17,6 +17,8 @@ from hf_mgk import reproduce as R
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
 import quickstart  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the main job end to end (three arms, timing, export)
+
 TINY = ["--adapt_steps", "2", "--finetune_steps", "3", "--max_train_samples", "48", "--max_eval_samples", "40",
         "--max_seq_length", "32", "--batch_size", "8", "--timing_rounds", "2"]
 

@@ -204,6 +204,7 @@ TWO_ARMS = R.Claim(
     extra_metrics=("perplexity", "eval_accuracy"))
 
 
+@pytest.mark.slow
 def test_harness_end_to_end_resume_and_statistics(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(R.CLAIMS, TWO_ARMS.name, TWO_ARMS)
     script = load_script("reproduce")

@@ -22,6 +22,8 @@ import hf_mgk
 from hf_mgk import bundled, hub
 import tiny
 
+pytestmark = pytest.mark.slow  # the script end to end on GLUE / MNLI-format files
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location("run_glue", os.path.join(ROOT, "scripts", "run_glue.py"))
 run_glue = importlib.util.module_from_spec(_spec)

@@ -21,6 +21,8 @@ from hf_mgk import bundled, training
 from conftest import assert_kept, plant, run_torchrun, write_play_split
 import tiny
 
+pytestmark = pytest.mark.slow  # the scripts end to end (and torchrun)
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -594,7 +596,6 @@ def test_help(script, options, capsys):
 
 # ------------------------------------------------------------------------------------- two processes
 
-@pytest.mark.slow
 @pytest.mark.parametrize("script, family, length_option", [("run_mlm", "mgk-bert", "--max_seq_length"),
                                                            ("run_clm", "fish-gpt2", "--block_size")])
 def test_torchrun_two_processes_match_one(script, family, length_option, texts, work, bert_dir, gpt2_dir, tmp_path):

@@ -20,6 +20,8 @@ import tiny
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
 import run_qa  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the script end to end on SQuAD-format files
+
 # --config_overrides text: 128 positions (130 for RoBERTa, its positions start after the padding index)
 TINY_BERT = tiny.overrides(tiny.bert_size(max_position_embeddings=128))
 TINY_ROBERTA = tiny.overrides(tiny.bert_size(max_position_embeddings=130, vocab_size=50262, num_random_features=16))

@@ -36,6 +36,7 @@ def test_trainer_loss_is_the_mean_over_the_predicted_tokens(task, tmp_path):
     assert loss == pytest.approx(expected, rel=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", ["mlm", "clm"])
 def test_two_processes_match_one(task, tmp_path):
     """torchrun with gloo on CPU: 2 processes x batch 1 x accumulation 2 == 1 process x batch 4."""
