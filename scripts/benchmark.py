@@ -142,8 +142,8 @@ def mgk_attention_step(path, heads, length, batch, head_dim):
                                          e_step=e_step).backward(grad)
     keys = torch.randn(batch, h, m, length, head_dim, generator=g, requires_grad=True)
     if kind == "sdpa_aug":
-        var = torch.tensor(variances)
-        return lambda: am._mgk_soft_sdpa(q, keys, v, var, prior, None, False, 0.0).backward(grad)
+        return lambda: am.mgk_attention(q, keys, v, variances=variances, log_prior=prior,
+                                        backend="sdpa").backward(grad)
     return lambda: am.mgk_attention(q, keys, v, variances=variances, log_prior=prior, e_step=e_step).backward(grad)
 
 
@@ -399,7 +399,7 @@ def attention_matrix_flops(attn, batch, length):
     softmax (QK^T; for FiSH the M global QK^T and the package's own mixing, noise included in training).
     Values, softmax and the output projection are left out, as in App. D; no mask, full N x N, as App. D.
     Run on meta tensors: shapes only, no work."""
-    from hf_mgk.attention_fish import fish_attention_reference
+    from hf_mgk.attention_fish import fish_attention
 
     attn = copy.deepcopy(attn).to("meta")
     qk_heads = getattr(attn, "num_qk_heads", attn.num_heads)
@@ -412,8 +412,7 @@ def attention_matrix_flops(attn, batch, length):
         if hasattr(attn, "mixing"):  # value heads of size 0: the product with V counts nothing
             value = torch.empty(batch, attn.num_heads, length, 0, device="meta")
             noise = getattr(attn, "noise_std", None) if attn.training else None
-            fish_attention_reference(q, k, value, attn.mixing, scale=attn.scaling, noise_std=noise,
-                                     return_weights=True)
+            fish_attention(q, k, value, attn.mixing, scale=attn.scaling, noise_std=noise, return_weights=True)
         else:
             torch.matmul(q, k.transpose(-1, -2))
     return fc.get_total_flops()
@@ -742,7 +741,7 @@ def nprf_attention_step(path, length, causal, batch):
 
     def step():
         bias = an.rpe_bias_from_buckets(table, length, bidirectional=not causal, max_distance=128)
-        an._nprf_attention(q, k, v, bias, features, True, w, None, causal, False, path=path).backward(grad)
+        an.nprf_attention(q, k, v, bias, features, max_distance=w, is_causal=causal, backend=path).backward(grad)
     return step
 
 

@@ -1,5 +1,6 @@
-"""The MGK / MLK math: every fast path against the package's literal Eq. 7 / Sec. 2.4 reference, that reference and
-the default path against the formulas written out one query at a time (tests/eq7.py), masks, EM statistics."""
+"""The MGK / MLK math: every fast path against the literal Eq. 7 / Sec. 2.4 reference (hf_mgk.reference), that
+reference against the formulas written out one query at a time (tests/eq7.py), masks, EM statistics; MLK's backends
+and its backend rule."""
 
 import math
 
@@ -9,7 +10,8 @@ import torch
 import eq7
 from conftest import assert_close
 from hf_mgk import mgk_attention, mlk_attention
-from hf_mgk.attention_mgk import mgk_attention_reference, mgk_responsibilities, mlk_attention_reference
+from hf_mgk.attention_mgk import MLK_BACKENDS, choose_mlk_backend, mgk_responsibilities
+from hf_mgk.reference import mgk_attention_reference, mlk_attention_reference
 
 B, H, M, D = 2, 3, 2, 8
 
@@ -149,6 +151,47 @@ def test_mlk_fast_path_matches_reference(n, s, causal, padded):
     assert_close(fast, ref)
     for gf, gr in zip(_grads(fast, (q, k, v, lp)), _grads(ref, (q, k, v, lp))):
         assert_close(gf, gr)
+
+
+@pytest.mark.parametrize("backend", MLK_BACKENDS)
+@pytest.mark.parametrize("n,s,causal,padded", CASES)
+def test_every_mlk_backend_matches_reference(backend, n, s, causal, padded):
+    q, k, v, lp, mask = _inputs(n, s)
+    kw = dict(log_prior=lp, attention_mask=mask if padded else None, is_causal=causal)
+    fast, ref = mlk_attention(q, k, v, backend=backend, **kw), mlk_attention_reference(q, k, v, **kw)
+    assert_close(fast, ref)
+    for gf, gr in zip(_grads(fast, (q, k, v, lp)), _grads(ref, (q, k, v, lp))):
+        assert_close(gf, gr)
+
+
+MLK_RULE = [  # (return_weights, mask, is_causal, tracing) -> backend
+    ((False, None, False, False), "linear"), ((False, "padding", True, False), "linear"),
+    ((True, None, False, False), "dense"), ((False, "pairs", False, False), "dense"),
+    ((False, None, True, True), "dense"), ((False, "padding", False, True), "linear"),
+]
+
+
+@pytest.mark.parametrize("facts,expected", MLK_RULE)
+def test_mlk_backend_rule(facts, expected):
+    return_weights, mask, is_causal, tracing = facts
+    assert choose_mlk_backend(return_weights=return_weights, mask=mask, is_causal=is_causal,
+                              tracing=tracing) == expected
+
+
+def test_mlk_auto_is_the_backend_the_rule_names():
+    q, k, v, lp, mask = _inputs(9, requires_grad=False)
+    four = torch.ones(B, 1, 9, 9, dtype=torch.bool).tril()
+    for kw, expected in [(dict(attention_mask=mask, is_causal=True), "linear"), (dict(attention_mask=four), "dense")]:
+        assert torch.equal(mlk_attention(q, k, v, log_prior=lp, **kw), mlk_attention(q, k, v, log_prior=lp,
+                                                                                         backend=expected, **kw))
+
+
+def test_mlk_backend_errors_name_the_allowed_ones():
+    q, k, v, lp, _ = _inputs(5, requires_grad=False)
+    with pytest.raises(ValueError, match=r"unknown backend 'chunked'; allowed: 'auto', 'dense', 'linear'"):
+        mlk_attention(q, k, v, backend="chunked")
+    with pytest.raises(ValueError, match=r"backend 'linear' cannot run this call: return_weights.*'dense'"):
+        mlk_attention(q, k, v, backend="linear", return_weights=True)
 
 
 def test_mlk_matches_written_out_formula():

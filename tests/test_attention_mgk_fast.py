@@ -1,9 +1,8 @@
-"""The blocked MGK / sMGK path (hf_mgk.attention_mgk._BlockedMGK) against the literal Eq. 7 reference: outputs and
-every gradient, soft and hard E-steps, M = 1, 2, 3, padding, causal masks, blocks that do not divide N, probabilities
-kept or recomputed for backward, rows far in the Gaussian tail, rows that see no key, dropout, gradcheck.
-
-The reference is the package's vectorised mgk_attention_reference (fast enough for N = 130, with dropout and
-return_weights); tests/test_attention_mgk.py checks it against Eq. 7 written out one query at a time (tests/eq7.py)."""
+"""MGK / sMGK backends against the literal Eq. 7 reference (hf_mgk.reference): the blocked path (outputs and every
+gradient, soft and hard E-steps, M = 1, 2, 3, padding, causal masks, blocks that do not divide N, probabilities kept
+or recomputed for backward, rows far in the Gaussian tail, rows that see no key, dropout, gradcheck), every named
+backend, and the backend rule. tests/test_attention_mgk.py checks that reference against Eq. 7 written out one query
+at a time (tests/eq7.py)."""
 
 import math
 
@@ -13,7 +12,9 @@ import torch
 import eq7
 from conftest import assert_close
 from hf_mgk import attention_mgk as am
-from hf_mgk.attention_mgk import mgk_attention, mgk_attention_reference, smgk_attention
+from hf_mgk.attention_blocks import row_blocks
+from hf_mgk.attention_mgk import BACKENDS, choose_backend, mgk_attention, smgk_attention
+from hf_mgk.reference import mgk_attention_reference, smgk_attention_reference
 
 B, H, D, DV = 2, 3, 8, 5
 
@@ -37,12 +38,12 @@ def _inputs(n, s, m, shared, dtype=torch.float32, scale=1.0):
 
 
 def _call(fn, tensors, shared, **kw):
-    """(out, the tensors whose gradients are compared) for the fast function or the reference."""
+    """The output of the fast function (fn = mgk_attention; sMGK: smgk_attention) or the reference
+    (fn = mgk_attention_reference; sMGK: smgk_attention_reference)."""
     if shared:
         q, key, shift, v, lp = tensors
-        if fn is mgk_attention_reference:
-            return fn(q, eq7.shifted_keys(key, shift), v, log_prior=lp, **kw)
-        return smgk_attention(q, key, shift, v, log_prior=lp, **kw)
+        fn = smgk_attention_reference if fn is mgk_attention_reference else smgk_attention
+        return fn(q, key, shift, v, log_prior=lp, **kw)
     q, keys, v, lp = tensors
     return fn(q, keys, v, log_prior=lp, **kw)
 
@@ -52,13 +53,14 @@ def _grads(out, tensors, seed=1):
     return torch.autograd.grad(out, tensors, g, allow_unused=True)
 
 
-def _check_against_reference(tensors, shared, e_step, **kw):
+def _check_against_reference(tensors, shared, e_step, fast=None, **kw):
     """fp32 output and q / key / shift / value gradients against the fp32 reference (rtol 1e-5); the log-prior
     gradient against the reference in float64: sum_r d/dlog pi_r = 0 exactly, so it is a sum of cancelling terms
-    on which the fp32 reference itself is off by up to ~2e-5 (measured); both are compared to float64."""
+    on which the fp32 reference itself is off by up to ~2e-5 (measured); both are compared to float64.
+    fast: keyword arguments for the fast function only (backend, block sizes)."""
     names = ["q", "key", "shift", "v", "log_prior"] if shared else ["q", "keys", "v", "log_prior"]
     kw = dict(kw, e_step=e_step)
-    out = _call(mgk_attention, tensors, shared, **kw)
+    out = _call(mgk_attention, tensors, shared, **kw, **(fast or {}))
     ref = _call(mgk_attention_reference, tensors, shared, **kw)
     assert_close(out, ref, msg="output")
     fast_grads, ref_grads = _grads(out, tensors), _grads(ref, tensors)
@@ -92,34 +94,30 @@ MATRIX = [(2, *case) for case in CASES] + [(m, *CASES[i]) for m in (1, 3) for i 
 @pytest.mark.parametrize("shared", [False, True], ids=["mgk", "smgk"])
 @pytest.mark.parametrize("e_step", ["soft", "hard"])
 @pytest.mark.parametrize("m,n,s,causal,padded,rows", MATRIX)
-def test_blocked_path_matches_reference(monkeypatch, shared, e_step, m, n, s, causal, padded, rows):
-    monkeypatch.setattr(am, "_BLOCK_ROWS", rows)
+def test_blocked_path_matches_reference(shared, e_step, m, n, s, causal, padded, rows):
     *tensors, mask = _inputs(n, s, m, shared)
-    _check_against_reference(tensors, shared, e_step, variances=_variances(m),
-                             attention_mask=mask if padded else None, is_causal=causal)
+    _check_against_reference(tensors, shared, e_step, fast=dict(backend="blocked", block_rows=rows),
+                             variances=_variances(m), attention_mask=mask if padded else None, is_causal=causal)
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["mgk", "smgk"])
 @pytest.mark.parametrize("e_step", ["soft", "hard"])
-def test_recomputed_backward_matches_reference(monkeypatch, shared, e_step):
-    """Above _KEEP_BYTES the block probabilities are recomputed in backward instead of kept."""
-    monkeypatch.setattr(am, "_KEEP_BYTES", 0)
-    monkeypatch.setattr(am, "_BLOCK_ROWS", 4)
+def test_recomputed_backward_matches_reference(shared, e_step):
+    """Above keep_bytes the block probabilities are recomputed in backward instead of kept."""
     *tensors, mask = _inputs(11, 11, 2, shared)
-    _check_against_reference(tensors, shared, e_step, variances=_variances(2), attention_mask=mask, is_causal=True)
+    _check_against_reference(tensors, shared, e_step, fast=dict(keep_bytes=0, block_rows=4), variances=_variances(2),
+                             attention_mask=mask, is_causal=True)
 
 
 @pytest.mark.parametrize("keep", [True, False])
 @pytest.mark.parametrize("shared", [False, True], ids=["mgk", "smgk"])
 @pytest.mark.parametrize("e_step", ["soft", "hard"])
-def test_rows_far_in_the_tail_are_shifted(monkeypatch, keep, shared, e_step):
+def test_rows_far_in_the_tail_are_shifted(keep, shared, e_step):
     """Queries far from every key: each of their log-kernel terms is below -103, where float32 exp is exactly 0,
     so the unshifted sum is 0 and the block must be redone with its rows' maxima subtracted. Compared with the
     reference in float64: the exponents are -150 to -500 here and float32 resolves them only to 1e-5 to 3e-5, which is then
     the relative error of any float32 evaluation (the float32 reference's too)."""
-    if not keep:
-        monkeypatch.setattr(am, "_KEEP_BYTES", 0)
-    monkeypatch.setattr(am, "_BLOCK_ROWS", 4)
+    fast = dict(block_rows=4, keep_bytes=am.KEEP_BYTES if keep else 0)
     *tensors, mask = _inputs(9, 9, 2, shared)
     with torch.no_grad():
         tensors[0][:, :, 4:] += 18.0  # rows 4..8 (blocks 2 and 3) far away, rows 0..3 not
@@ -129,13 +127,12 @@ def test_rows_far_in_the_tail_are_shifted(monkeypatch, keep, shared, e_step):
     kw = dict(variances=_variances(2), e_step=e_step, attention_mask=mask)
     t64 = [t.detach().double().requires_grad_() for t in tensors]
     expected = _call(mgk_attention_reference, t64, shared, **kw)
-    out = _call(mgk_attention, tensors, shared, **kw)
+    out = _call(mgk_attention, tensors, shared, **kw, **fast)
     assert_close(out.double(), expected, rtol=2e-4, atol=0, msg="output")
     grads = _grads(out, tensors[:-1])
     for gf, ge in zip(grads, _grads(expected, t64[:-1])):
         assert_close(gf.double(), ge, rtol=2e-4, atol=0)
-    monkeypatch.setattr(am, "_MIN_ROW_SUM", 0.0)  # without the shift those rows would come out as 0
-    unshifted = _call(mgk_attention, tensors, shared, **kw)
+    unshifted = _call(mgk_attention, tensors, shared, **kw, **fast, min_row_sum=0.0)  # never shifted: those rows are 0
     assert unshifted[:, :, 4:].abs().max() == 0 and expected[:, :, 4:].abs().max() > 0.1
 
 
@@ -179,34 +176,32 @@ def test_training_and_evaluation_compute_the_same_numbers(shared):
     assert torch.equal(_call(mgk_attention, tensors, shared, **kw), evaluated)
 
 
-def _dropout_masks(seed, n, s, causal, p):
+def _dropout_masks(seed, n, s, causal, p, rows):
     """The masks the blocked path draws: one seed from the global generator, then per block of rows (in order)
     uniform numbers of shape (B, H, rows, keys the block sees), kept where >= p, scaled by 1 / (1 - p)."""
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**62, ())))
     mask = torch.zeros(B, H, n, s)
-    for rows, end, _ in am._mgk_row_blocks(n, s, causal):
-        u = torch.rand((B, H, rows.stop - rows.start, end), generator=gen)
-        mask[:, :, rows, :end] = (u >= p).float() / (1 - p)
+    for block, end, _ in row_blocks(n, s, causal, rows):
+        u = torch.rand((B, H, block.stop - block.start, end), generator=gen)
+        mask[:, :, block, :end] = (u >= p).float() / (1 - p)
     return mask
 
 
 @pytest.mark.parametrize("keep", [True, False])
 @pytest.mark.parametrize("shared", [False, True], ids=["mgk", "smgk"])
 @pytest.mark.parametrize("e_step", ["soft", "hard"])
-def test_dropout_drops_the_mixture_weights(monkeypatch, keep, shared, e_step):
+def test_dropout_drops_the_mixture_weights(keep, shared, e_step):
     """Dropout acts on a_ij (the mixture's attention weight, as F.dropout on the reference's weights would), and
     backward (kept or recomputed) redraws the same masks: output and gradients equal the reference's weights
     times those masks, times V."""
-    if not keep:
-        monkeypatch.setattr(am, "_KEEP_BYTES", 0)
-    monkeypatch.setattr(am, "_BLOCK_ROWS", 4)
+    fast = dict(block_rows=4, keep_bytes=am.KEEP_BYTES if keep else 0)
     n, p = 10, 0.3
     *tensors, pad = _inputs(n, n, 2, shared)
     kw = dict(variances=_variances(2), e_step=e_step, attention_mask=pad, is_causal=True)
     torch.manual_seed(7)
-    out = _call(mgk_attention, tensors, shared, dropout_p=p, **kw)
-    mask = _dropout_masks(7, n, n, True, p)
+    out = _call(mgk_attention, tensors, shared, dropout_p=p, **kw, **fast)
+    mask = _dropout_masks(7, n, n, True, p, 4)
     assert 0 < (mask == 0).float().mean() < 0.6
     _, weights = _call(mgk_attention_reference, tensors, shared, return_weights=True, **kw)
     expected = torch.matmul(weights * mask, tensors[-2])
@@ -219,10 +214,8 @@ def test_dropout_drops_the_mixture_weights(monkeypatch, keep, shared, e_step):
 @pytest.mark.parametrize("shared", [False, True], ids=["mgk", "smgk"])
 @pytest.mark.parametrize("e_step", ["soft", "hard"])
 @pytest.mark.parametrize("keep", [True, False])
-def test_gradcheck_float64(monkeypatch, shared, e_step, keep):
-    if not keep:
-        monkeypatch.setattr(am, "_KEEP_BYTES", 0)
-    monkeypatch.setattr(am, "_BLOCK_ROWS", 3)
+def test_gradcheck_float64(shared, e_step, keep):
+    fast = dict(block_rows=3, keep_bytes=am.KEEP_BYTES if keep else 0)
     g = torch.Generator().manual_seed(0)
     b, h, n, m, d = 1, 2, 5, 2, 3
     q = torch.randn(b, h, n, d, generator=g, dtype=torch.float64)
@@ -237,7 +230,7 @@ def test_gradcheck_float64(monkeypatch, shared, e_step, keep):
     def fn(*args):
         args = list(args) + ([] if e_step == "soft" else [lp])
         return _call(mgk_attention, args, shared, variances=[1.5, 4.0], e_step=e_step, attention_mask=mask,
-                     is_causal=True)
+                     is_causal=True, **fast)
 
     assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-7, rtol=1e-5)
 
@@ -256,17 +249,67 @@ def test_smgk_attention_equals_mgk_with_shifted_keys_on_every_path():
     assert_close(half.float(), mgk_attention_reference(q, keys, v, **kw), rtol=3e-2, atol=3e-2)
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["mgk", "smgk"])
+@pytest.mark.parametrize("e_step,backend", [(e, b) for e in ("soft", "hard") for b in BACKENDS
+                                            if (e, b) != ("hard", "sdpa")])  # SDPA: the soft E-step only
 @pytest.mark.parametrize("n,s,causal,padded", [(9, 9, False, True), (9, 9, True, True), (4, 9, True, False)])
-def test_sdpa_path_matches_reference(n, s, causal, padded):
-    """The augmented-key SDPA path (used on accelerators, in half precision and under autocast) stays exact."""
-    q, keys, v, lp, mask = _inputs(n, s, 2, False)
-    kw = dict(log_prior=lp, attention_mask=mask if padded else None, is_causal=causal)
-    var = torch.tensor(_variances(2))
-    out = am._mgk_soft_sdpa(q, keys, v, var, lp, kw["attention_mask"], causal, 0.0)
-    ref = mgk_attention_reference(q, keys, v, variances=_variances(2), **kw)
-    assert_close(out, ref)
-    for gf, gr in zip(_grads(out, (q, keys, v)), _grads(ref, (q, keys, v))):
-        assert_close(gf, gr)
+def test_every_backend_matches_reference(shared, e_step, backend, n, s, causal, padded):
+    """Every named backend (the augmented-key SDPA path is the one used on accelerators, in half precision and
+    under autocast; dense also hands out the weights), outputs and gradients."""
+    *tensors, mask = _inputs(n, s, 2, shared)
+    _check_against_reference(tensors, shared, e_step, fast=dict(backend=backend), variances=_variances(2),
+                             attention_mask=mask if padded else None, is_causal=causal)
+
+
+MGK_RULE = [  # facts of a call -> the backend backend="auto" takes
+    (dict(), "blocked"),
+    (dict(dtype=torch.float64, mask="padding"), "blocked"),
+    (dict(e_step="hard"), "blocked"),
+    (dict(return_weights=True), "dense"),
+    (dict(mask="pairs"), "sdpa"),
+    (dict(mask="pairs", e_step="hard"), "dense"),
+    (dict(dtype=torch.bfloat16), "sdpa"),
+    (dict(autocast=True), "sdpa"),
+    (dict(autocast=True, e_step="hard"), "dense"),
+    (dict(tracing=True), "sdpa"),
+    (dict(device_type="cuda"), "sdpa"),
+    (dict(device_type="cuda", e_step="hard"), "dense"),
+    (dict(device_type="cuda", return_weights=True), "dense"),
+]
+
+
+@pytest.mark.parametrize("facts,expected", MGK_RULE)
+def test_backend_rule(facts, expected):
+    call = dict(e_step="soft", return_weights=False, device_type="cpu", dtype=torch.float32, autocast=False,
+                tracing=False, mask=None)
+    assert choose_backend(**{**call, **facts}) == expected
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["mgk", "smgk"])
+def test_auto_is_the_backend_the_rule_names(shared):
+    """backend="auto" computes bit for bit what the backend `choose_backend` names computes."""
+    *tensors, mask = _inputs(7, 7, 2, shared)
+    four = torch.ones(1, 1, 7, 7, dtype=torch.bool).tril()
+    for kw, expected in [(dict(attention_mask=mask), "blocked"), (dict(attention_mask=four), "sdpa"),
+                         (dict(attention_mask=four, e_step="hard"), "dense")]:
+        kw = dict(kw, variances=_variances(2))
+        assert torch.equal(_call(mgk_attention, tensors, shared, **kw),
+                           _call(mgk_attention, tensors, shared, backend=expected, **kw)), expected
+
+
+def test_backend_errors_name_the_allowed_ones():
+    q, keys, v, lp, mask = _inputs(5, 5, 2, False)
+    kw = dict(variances=_variances(2), log_prior=lp)
+    with pytest.raises(ValueError, match=r"unknown backend 'flash'; allowed: 'auto', 'dense', 'sdpa', 'blocked'"):
+        mgk_attention(q, keys, v, backend="flash", **kw)
+    with pytest.raises(ValueError, match=r"backend 'sdpa' cannot run this call: the hard E-step \(allowed: 'auto'"):
+        mgk_attention(q, keys, v, backend="sdpa", e_step="hard", **kw)
+    with pytest.raises(ValueError, match=r"backend 'blocked' cannot run this call: return_weights"):
+        mgk_attention(q, keys, v, backend="blocked", return_weights=True, **kw)
+    with pytest.raises(ValueError, match=r"backend 'blocked' cannot run this call: a whole 4-D mask"):
+        mgk_attention(q, keys, v, backend="blocked", attention_mask=torch.ones(1, 1, 5, 5, dtype=torch.bool), **kw)
+    with pytest.raises(ValueError, match=r"backend 'blocked' cannot run this call: half precision"):
+        mgk_attention(q.bfloat16(), keys.bfloat16(), v.bfloat16(), backend="blocked", **kw)
 
 
 def test_smgk_attention_rejects_bad_shapes():

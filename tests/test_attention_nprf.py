@@ -1,4 +1,5 @@
-"""NPRF + RPE attention (SPEC §3, §5): the three exact paths against each other and against Eq. (10) itself."""
+"""NPRF + RPE attention (SPEC §3, §5): the three exact backends against the plain reference (hf_mgk.reference) and
+against Eq. (10) itself; the backend rule."""
 
 import math
 
@@ -7,14 +8,18 @@ import torch
 
 import hf_mgk.attention_nprf as nprf
 from hf_mgk.attention_nprf import (
+    BACKENDS,
+    EXPLICIT_MAX_WEIGHTS,
+    choose_backend,
     draw_features,
     nprf_attention,
     rpe_bias_from_buckets,
     t5_constant_distance,
     t5_relative_buckets,
 )
+from hf_mgk.reference import nprf_attention_reference
 
-PATHS = ("explicit", "fft", "band")
+PATHS = BACKENDS
 
 
 def make_inputs(B=2, H=2, N=150, D=8, Dv=6, m=8, bias_scale=2.0, seed=0, dtype=torch.float32):
@@ -36,16 +41,22 @@ def padding_mask(B, N):
     return mask
 
 
-def attend(path, q, k, v, b, W, *, normalize=True, max_distance=None, mask=None, causal=False, weights=False):
-    return nprf._nprf_attention(q, k, v, b, W, normalize, max_distance, mask, causal, weights, path)
+def attend(path, q, k, v, b, W, *, normalize=True, max_distance=None, mask=None, causal=False, weights=False, **fast):
+    """nprf_attention on backend `path`, or the plain reference (path "reference"); fast: the kernel's keyword
+    arguments (block sizes)."""
+    kw = dict(normalize=normalize, max_distance=max_distance, attention_mask=mask, is_causal=causal,
+              return_weights=weights)
+    if path == "reference":
+        return nprf_attention_reference(q, k, v, b, W, **kw)
+    return nprf_attention(q, k, v, b, W, backend=path, **kw, **fast)
 
 
 def with_grads(path, q, k, v, b, W, **kw):
-    """Output and the gradients of a fixed random projection of it w.r.t. query, key, value, rpe_bias."""
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, b)]
+    """Output and the gradients of a fixed random projection of it w.r.t. query, key, value, rpe_bias (if any)."""
+    leaves = [None if t is None else t.detach().clone().requires_grad_() for t in (q, k, v, b)]
     z = attend(path, *leaves, W, **kw)
     cotangent = torch.randn(z.shape, generator=torch.Generator().manual_seed(1), dtype=z.dtype)
-    grads = torch.autograd.grad((z * cotangent).sum(), leaves)
+    grads = torch.autograd.grad((z * cotangent).sum(), [t for t in leaves if t is not None])
     return [z.detach(), *grads]
 
 
@@ -73,31 +84,46 @@ def eq10(q, k, v, b, W, *, normalize=True, causal=False, mask=None):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# The fast paths against the explicit one: outputs and gradients, padding, both directions, N not a power of 2.
+# The backends against the reference: outputs and gradients, padding, both directions, N not a power of 2.
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("bias,max_distance", [(True, None), (True, 9), (False, None)])
+def test_every_backend_matches_reference(path, causal, bias, max_distance):
+    q, k, v, b, W = make_inputs(N=70)
+    b = b if bias else None
+    if path == "band" and bias and max_distance is None:
+        max_distance = 70  # a bias without a constant distance: the band as wide as the sequence
+    kw = dict(max_distance=max_distance, mask=padding_mask(2, 70), causal=causal)
+    ref = with_grads("reference", q, k, v, b, W, **kw)
+    fast = with_grads(path, q, k, v, b, W, **kw, band_block=16)
+    for got, want, name in zip(fast, ref, ("z", "dq", "dk", "dv", "db")):
+        assert rel(got, want) <= 1e-4, name
+
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("max_distance", [None, 5, 40, 400])
-def test_fft_matches_explicit(causal, max_distance):
+def test_fft_matches_reference(causal, max_distance):
     q, k, v, b, W = make_inputs()
     mask = padding_mask(2, 150)
     kw = dict(max_distance=max_distance, mask=mask, causal=causal)
-    ref = with_grads("explicit", q, k, v, b, W, **kw)
+    ref = with_grads("reference", q, k, v, b, W, **kw)
     for got, want, name in zip(with_grads("fft", q, k, v, b, W, **kw), ref, ("z", "dq", "dk", "dv", "db")):
         assert rel(got, want) <= 1e-4, name
 
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("max_distance,block", [(1, 16), (5, 16), (17, 16), (18, 16), (40, 16), (70, 64), (400, 64)])
-def test_band_matches_explicit(causal, max_distance, block, monkeypatch):
+def test_band_matches_reference(causal, max_distance, block):
     # n = ⌈(w−1)/block⌉ neighbour blocks each side: 0 (w = 1), 1, 1 (the second neighbour starts at offset 17),
     # 2 (offset 17 < 18 in the second neighbour), 3, 2 (one far block each side at most), 7 (w > N: no far
     # blocks at all). N = 150 is not a multiple of the block.
-    monkeypatch.setattr(nprf, "_band_block", lambda w: block)
     q, k, v, b, W = make_inputs()
     mask = padding_mask(2, 150)
     kw = dict(max_distance=max_distance, mask=mask, causal=causal)
-    ref = with_grads("explicit", q, k, v, b, W, **kw)
-    for got, want, name in zip(with_grads("band", q, k, v, b, W, **kw), ref, ("z", "dq", "dk", "dv", "db")):
+    ref = with_grads("reference", q, k, v, b, W, **kw)
+    for got, want, name in zip(with_grads("band", q, k, v, b, W, **kw, band_block=block), ref,
+                               ("z", "dq", "dk", "dv", "db")):
         assert rel(got, want) <= 1e-4, name
 
 
@@ -114,25 +140,24 @@ def test_band_block_covers_the_band_evenly(w):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_band_with_its_own_block_matches_explicit(causal):
+def test_band_with_its_own_block_matches_reference(causal):
     # The model's defaults: T5 buckets 32/128, w = 91 (P = 90) or 113 (P = 56).
     w = t5_constant_distance(not causal, 32, 128)
     q, k, v, _, W = make_inputs(N=400)
     b = rpe_bias_from_buckets(torch.randn(q.shape[1], 32), 400, bidirectional=not causal, max_distance=128)
     kw = dict(max_distance=w, mask=padding_mask(2, 400), causal=causal)
-    ref = with_grads("explicit", q, k, v, b, W, **kw)
+    ref = with_grads("reference", q, k, v, b, W, **kw)
     for got, want, name in zip(with_grads("band", q, k, v, b, W, **kw), ref, ("z", "dq", "dk", "dv", "db")):
         assert rel(got, want) <= 1e-4, name
 
 
-def test_fft_in_many_chunks_matches_explicit(monkeypatch):
+def test_fft_in_many_chunks_matches_reference():
     # One (batch·head, feature) unit per chunk: the accumulation over chunks, forward and backward.
-    monkeypatch.setattr(nprf, "FFT_CHUNK_BYTES", 1)
     q, k, v, b, W = make_inputs(N=40, m=3)
     for causal in (False, True):
         kw = dict(mask=padding_mask(2, 40), causal=causal)
-        ref = with_grads("explicit", q, k, v, b, W, **kw)
-        for got, want in zip(with_grads("fft", q, k, v, b, W, **kw), ref):
+        ref = with_grads("reference", q, k, v, b, W, **kw)
+        for got, want in zip(with_grads("fft", q, k, v, b, W, **kw, fft_chunk_bytes=1), ref):
             assert rel(got, want) <= 1e-4
 
 
@@ -141,14 +166,16 @@ def test_fft_backward_passes_gradcheck():
     q, k, v = (torch.rand(2, r, 7, generator=g, dtype=torch.float64) for r in (3, 3, 2))
     c = torch.rand(2, 13, generator=g, dtype=torch.float64)
     leaves = [t.requires_grad_() for t in (q, k, v, c)]
-    assert torch.autograd.gradcheck(nprf._ToeplitzFFT.apply, leaves, fast_mode=True)
+    fft = lambda *t: nprf._ToeplitzFFT.apply(*t, nprf.FFT_CHUNK_BYTES)  # noqa: E731
+    assert torch.autograd.gradcheck(fft, leaves, fast_mode=True)
 
 
+@pytest.mark.parametrize("path", ["explicit", "reference"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_explicit_is_eq10(causal):
+def test_explicit_is_eq10(path, causal):
     q, k, v, b, W = make_inputs(dtype=torch.float64)
     mask = padding_mask(2, 150)
-    z = attend("explicit", q, k, v, b, W, mask=mask, causal=causal)
+    z = attend(path, q, k, v, b, W, mask=mask, causal=causal)
     want = eq10(q, k, v, b, W, causal=causal, mask=mask)
     has_key = (mask.cumsum(-1) > 0) if causal else mask.any(-1, keepdim=True).expand(-1, 150)
     rows = has_key[:, None, :, None].expand_as(z)
@@ -241,11 +268,10 @@ def test_no_valid_key_gives_zero_and_finite_gradients():
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("causal", [False, True])
-def test_no_rpe_is_plain_linear_attention(path, causal, monkeypatch):
-    monkeypatch.setattr(nprf, "_band_block", lambda w: 16)
+def test_no_rpe_is_plain_linear_attention(path, causal):
     q, k, v, _, W = make_inputs(N=100, dtype=torch.float64)
     mask = padding_mask(2, 100)
-    z = attend(path, q, k, v, None, W, mask=mask, causal=causal)
+    z = attend(path, q, k, v, None, W, mask=mask, causal=causal, band_block=16)
     # φ(q̂_i)ᵀ Σ_j φ(k̂_j) v_jᵀ / φ(q̂_i)ᵀ Σ_j φ(k̂_j), the sums over j ≤ i when causal: prefix sums.
     m = W.shape[0]
     qh, kh = q / q.norm(dim=-1, keepdim=True), k / k.norm(dim=-1, keepdim=True)
@@ -263,14 +289,13 @@ def test_no_rpe_is_plain_linear_attention(path, causal, monkeypatch):
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("causal", [False, True])
-def test_unnormalized_prf_matches_its_formula(path, causal, monkeypatch):
-    monkeypatch.setattr(nprf, "_band_block", lambda w: 8)
+def test_unnormalized_prf_matches_its_formula(path, causal):
     N, w = 80, 6
     q, k, v, b, W = make_inputs(N=N, D=8, dtype=torch.float64)
     q, k = 0.7 * q, 0.7 * k  # ‖x‖ ~ 2: large enough to differ from the normalized form, small for exp
     b = b[:, torch.arange(-(N - 1), N).clamp(-w, w) + N - 1]  # constant beyond ±w, for the band path
     mask = padding_mask(2, N)
-    z = attend(path, q, k, v, b, W, normalize=False, mask=mask, causal=causal, max_distance=w)
+    z = attend(path, q, k, v, b, W, normalize=False, mask=mask, causal=causal, max_distance=w, band_block=8)
     want = eq10(q, k, v, b, W, normalize=False, causal=causal, mask=mask)
     rows = torch.isfinite(want)
     assert rel(z[rows], want[rows]) <= 1e-10
@@ -354,8 +379,7 @@ def test_t5_constant_distance_defaults():
 
 
 @pytest.mark.parametrize("bidirectional", [True, False])
-def test_bucketed_bias_band_equals_unclamped_explicit(bidirectional, monkeypatch):
-    monkeypatch.setattr(nprf, "_band_block", lambda w: 8)
+def test_bucketed_bias_band_equals_unclamped_explicit(bidirectional):
     N, num_buckets, max_distance = 200, 16, 40
     d = t5_constant_distance(bidirectional, num_buckets, max_distance)
     q, k, v, _, W = make_inputs(N=N)
@@ -364,53 +388,70 @@ def test_bucketed_bias_band_equals_unclamped_explicit(bidirectional, monkeypatch
     out = {}
     for path, md in (("explicit", None), ("band", d), ("fft", None)):
         b = rpe_bias_from_buckets(bucket_bias, N, bidirectional=bidirectional, max_distance=max_distance)
-        z = attend(path, q, k, v, b, W, max_distance=md, mask=mask, causal=not bidirectional)
+        z = attend(path, q, k, v, b, W, max_distance=md, mask=mask, causal=not bidirectional, band_block=8)
         out[path] = (z.detach(), torch.autograd.grad(z.square().sum(), bucket_bias)[0])
     for path in ("band", "fft"):
         assert rel(out[path][0], out["explicit"][0]) <= 1e-4
         assert rel(out[path][1], out["explicit"][1]) <= 1e-4
     # One less than d is not enough (the band path then reads the wrong bucket for some offsets).
     b = rpe_bias_from_buckets(bucket_bias.detach(), N, bidirectional=bidirectional, max_distance=max_distance)
-    z = attend("band", q, k, v, b, W, max_distance=d - 1, mask=mask, causal=not bidirectional)
+    z = attend("band", q, k, v, b, W, max_distance=d - 1, mask=mask, causal=not bidirectional, band_block=8)
     assert rel(z, out["explicit"][0]) > 1e-4
 
 
 # --------------------------------------------------------------------------------------------------------------
 # API details.
 
-def test_path_selection_and_auto_result(monkeypatch):
-    zeros = torch.zeros(1)
-    assert nprf._choose_path(1, 64, 64, zeros, 10, True) == "explicit"  # return_weights
-    assert nprf._choose_path(1, 64, 32, None, None, False) == "explicit"  # cross-attention
-    n_band = 2 * 10 + 3 * nprf._band_block(10) + 1
-    assert nprf._choose_path(1, n_band, n_band, zeros, 10, False) == "band"
-    assert nprf._choose_path(1, n_band - 1, n_band - 1, zeros, 10, False) == "explicit"
-    assert nprf._choose_path(1, n_band, n_band, None, None, False) == "band"  # no bias: c constant everywhere
-    n = int(math.isqrt(nprf.EXPLICIT_MAX_WEIGHTS // 8))
-    assert nprf._choose_path(8, n, n, zeros, None, False) == "explicit"
-    assert nprf._choose_path(8, n + 1, n + 1, zeros, None, False) == "fft"
-    assert nprf._choose_path(1, 4000, 4000, zeros, 3000, False) == "explicit"  # band wider than the sequence
-    # ... unless the explicit weights would not fit: then the (wide) band, never the slower FFT.
-    n_wide = 2 * 300 + 3 * nprf._band_block(300)
-    bh = nprf.EXPLICIT_MAX_WEIGHTS // (n_wide * n_wide) + 1
-    assert nprf._choose_path(bh, n_wide, n_wide, zeros, 300, False) == "band"
-    assert nprf._choose_path(bh - 1, n_wide, n_wide, zeros, 300, False) == "explicit"
-    # The public function picks a fast path by itself and gives the same answer.
-    monkeypatch.setattr(nprf, "_band_block", lambda w: 8)
+def _rule_cases():
+    """(facts of a call, the backend backend="auto" takes)."""
+    n_band = 2 * 10 + 3 * nprf._band_block(10) + 1  # the shortest sequence whose band (w = 10) is narrower
+    n_fit = math.isqrt(EXPLICIT_MAX_WEIGHTS // 8)  # the longest sequence whose explicit weights fit, B·H = 8
+    n_wide = 2 * 300 + 3 * nprf._band_block(300)  # a band (w = 300) as wide as the sequence ...
+    bh_wide = EXPLICIT_MAX_WEIGHTS // (n_wide * n_wide) + 1  # ... with this many B·H the explicit weights do not fit
+    return [
+        (dict(n=64, max_distance=10, return_weights=True), "explicit"),
+        (dict(n=64, max_distance=10, mask="pairs"), "explicit"),
+        (dict(n=64, s=32, has_bias=False), "explicit"),  # cross-attention
+        (dict(n=n_band, s=n_band, max_distance=10), "band"),
+        (dict(n=n_band - 1, s=n_band - 1, max_distance=10), "explicit"),
+        (dict(n=n_band, s=n_band, max_distance=10, mask="padding"), "band"),
+        (dict(n=n_band, s=n_band, has_bias=False), "band"),  # no bias: c constant everywhere
+        (dict(batch_heads=8, n=n_fit, s=n_fit), "explicit"),
+        (dict(batch_heads=8, n=n_fit + 1, s=n_fit + 1), "fft"),
+        (dict(n=4000, s=4000, max_distance=3000), "explicit"),  # band wider than the sequence ...
+        (dict(batch_heads=bh_wide, n=n_wide, s=n_wide, max_distance=300), "band"),  # ... unless explicit won't fit
+        (dict(batch_heads=bh_wide - 1, n=n_wide, s=n_wide, max_distance=300), "explicit"),
+        (dict(n=100, s=100, explicit_max_weights=0), "fft"),
+        (dict(n=100, s=100, max_distance=8), "explicit"),  # 2w + 3P >= N with the default block ...
+        (dict(n=100, s=100, max_distance=8, band_block=8), "band"),  # ... not with a block of 8
+    ]
+
+
+@pytest.mark.parametrize("facts,expected", _rule_cases())
+def test_backend_rule(facts, expected):
+    call = dict(batch_heads=1, n=64, s=64, has_bias=True, max_distance=None, return_weights=False, mask=None)
+    assert choose_backend(**{**call, **facts}) == expected
+
+
+def test_auto_is_the_backend_the_rule_names():
     q, k, v, b, W = make_inputs(N=100)
-    seen = []
-    monkeypatch.setattr(nprf, "_band", lambda *a: seen.append("band") or nprf_band(*a))
-    z = nprf_attention(q, k, v, b, W, max_distance=8, is_causal=True)
-    assert seen == ["band"]
-    assert rel(z, attend("explicit", q, k, v, b, W, max_distance=8, causal=True)) <= 1e-5
-    monkeypatch.setattr(nprf, "EXPLICIT_MAX_WEIGHTS", 0)
-    monkeypatch.setattr(nprf, "_fft", lambda *a: seen.append("fft") or nprf_fft(*a))
-    z = nprf_attention(q, k, v, b, W, is_causal=True)
-    assert seen == ["band", "fft"]
-    assert rel(z, attend("explicit", q, k, v, b, W, causal=True)) <= 1e-5
+    for kw, expected in [(dict(max_distance=8, band_block=8), "band"), (dict(explicit_max_weights=0), "fft"),
+                         (dict(max_distance=8), "explicit")]:
+        z = nprf_attention(q, k, v, b, W, is_causal=True, **kw)
+        assert torch.equal(z, nprf_attention(q, k, v, b, W, is_causal=True, backend=expected, **kw)), expected
+        assert rel(z, attend("reference", q, k, v, b, W, max_distance=kw.get("max_distance"), causal=True)) <= 1e-5
 
 
-nprf_band, nprf_fft = nprf._band, nprf._fft
+def test_backend_errors_name_the_allowed_ones():
+    q, k, v, b, W = make_inputs(N=20)
+    with pytest.raises(ValueError, match=r"unknown backend 'toeplitz'; allowed: 'auto', 'explicit', 'fft', 'band'"):
+        nprf_attention(q, k, v, b, W, backend="toeplitz")
+    with pytest.raises(ValueError, match=r"backend 'fft' cannot run this call: return_weights .* explicit path"):
+        nprf_attention(q, k, v, b, W, backend="fft", return_weights=True)
+    with pytest.raises(ValueError, match=r"backend 'band' cannot run this call: the band path needs max_distance"):
+        nprf_attention(q, k, v, b, W, backend="band")
+    with pytest.raises(ValueError, match=r"backend 'band' cannot run this call: N != S"):
+        nprf_attention(q[..., :5, :], k, v, None, W, backend="band")
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -441,11 +482,13 @@ def test_draw_features_is_reproducible():
     assert W1.shape == (16, 8) and torch.equal(W1, W2)
 
 
-def test_module_imports_only_stdlib_and_torch():
+def test_module_imports_only_stdlib_torch_and_its_torch_only_siblings():
     import ast
     import sys
 
     tree = ast.parse(open(nprf.__file__, encoding="utf-8").read())
     roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    roots |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    roots |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0}
     assert all(r == "torch" or r in sys.stdlib_module_names for r in roots), roots
+    siblings = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level > 0}
+    assert siblings <= {"attention_masks", "attention_blocks"}, siblings

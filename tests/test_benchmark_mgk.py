@@ -29,7 +29,7 @@ def test_paper_formula_counts_the_dense_form():
     q, v = torch.randn(b, heads // 2, n, d), torch.randn(b, heads // 2, n, d)
     keys = torch.randn(b, heads // 2, 2, n, d)
     with torch.no_grad(), bench.flop_counter_mode() as fc:
-        am._mgk_dense(q, keys, v, [4.0, 12.0], None, "soft", None, False, 0.0, False, literal=False)
+        am.mgk_attention(q, keys, v, variances=[4.0, 12.0], backend="dense")
     assert fc.get_total_flops() == 2 * bench.mgk_paper_flops("MGK soft", heads, n, d)
 
 

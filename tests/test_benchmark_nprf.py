@@ -73,7 +73,7 @@ def test_attention_step_uses_the_batch(path, monkeypatch):
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
                         recording(torch.nn.functional.scaled_dot_product_attention))
-    monkeypatch.setattr(attention_nprf, "_nprf_attention", recording(attention_nprf._nprf_attention))
+    monkeypatch.setattr(attention_nprf, "nprf_attention", recording(attention_nprf.nprf_attention))
     bench.nprf_attention_step(path, 24, True, 3)()
     assert seen == [(3, bench.NPRF_ATTN["heads"], 24, bench.NPRF_ATTN["head_dim"])]
 

@@ -109,7 +109,7 @@ def _nprf_inputs(h=2, n=N, d=8, m=4):
 def test_nprf_formula_against_counted(path):
     h, d, m = 2, 8, 4
     q, k, v, bias, w = _nprf_inputs(h, N, d, m)
-    counted = _counted(an._nprf_attention, q, k, v, bias, w, True, None, None, False, False, path=path)
+    counted = _counted(an.nprf_attention, q, k, v, bias, w, backend=path)
     projections = 4 * 2 * N * DX * h * d
     formula = flops.nprf_attention_flops(N, DX, h, d, m, toeplitz=path)
     if path == "explicit":

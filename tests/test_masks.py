@@ -3,6 +3,8 @@
 which is the whole mask (it replaces the causal one, as in stock models). Every attention that can honour a custom
 mask does; NPRF's linear-time paths cannot, and say so."""
 
+import functools
+
 import pytest
 import torch
 
@@ -17,7 +19,7 @@ from hf_mgk import (
     NPRFRobertaConfig,
     NPRFRobertaModel,
 )
-from hf_mgk import attention_nprf
+from hf_mgk import attention_nprf, modeling_nprf_roberta
 import tiny
 
 BERT = tiny.bert(dropout=False)
@@ -151,14 +153,15 @@ def test_nprf_linear_time_paths_refuse_a_custom_mask(monkeypatch):
     model, _ = model_for("nprf-nprf")
     ids, mask = padded_batch()
     expected = run(model, ids, mask)
-    monkeypatch.setattr(attention_nprf, "EXPLICIT_MAX_WEIGHTS", 16)
+    small = functools.partial(attention_nprf.nprf_attention, explicit_max_weights=16)
+    monkeypatch.setattr(modeling_nprf_roberta, "nprf_attention", small)  # the model's kernel, with a small budget
     assert_close(run(model, ids, mask), expected, rtol=1e-4)  # band path now
     with pytest.raises(ValueError, match=r"3-D / 4-D attention mask needs NPRF's explicit path.*padding mask"):
         run(model, ids, as_pairs(mask, False))
     q = torch.randn(1, 2, 8, 4)
     with pytest.raises(ValueError, match="explicit path"):
-        attention_nprf._nprf_attention(q, q, q, None, torch.randn(16, 4), True, None,
-                                       torch.ones(1, 1, 8, 8, dtype=torch.bool), False, False, path="fft")
+        attention_nprf.nprf_attention(q, q, q, None, torch.randn(16, 4), backend="fft",
+                                      attention_mask=torch.ones(1, 1, 8, 8, dtype=torch.bool))
 
 
 @pytest.mark.parametrize("case", ["fish-fish", "mgkgpt2-mgk"])

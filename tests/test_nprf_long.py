@@ -25,7 +25,8 @@ def _path(n, config):
     from hf_mgk.modeling_nprf_roberta import NPRFRelativePositionBias
 
     w = NPRFRelativePositionBias(config).constant_beyond
-    return attention_nprf._choose_path(config.num_attention_heads, n, n, True, w, False)
+    return attention_nprf.choose_backend(batch_heads=config.num_attention_heads, n=n, s=n, has_bias=True,
+                                         max_distance=w, return_weights=False, mask=None)
 
 
 def test_16k_tokens_forward_backward_causal_prefix_and_no_leak():

@@ -29,7 +29,9 @@ from hf_mgk import (
     NPRFRobertaForSequenceClassification,
     NPRFRobertaModel,
     attention_nprf,
+    modeling_nprf_roberta,
 )
+from hf_mgk.attention_masks import mask_kind
 
 ROBERTA = tiny.roberta(dropout=False, num_labels=3,
                        initializer_range=0.2)  # 10x the default: attention is not lost beside the residual
@@ -166,12 +168,19 @@ def test_output_attentions_are_the_spec_matrices_and_give_the_layer_output(varia
         assert_close(weights.double(), expected, rtol=1e-5, msg=variant)
 
     # The same matrices applied to V give each layer's output in a plain forward, whatever path the model takes
-    # there (the long inputs take the band path: checked by counting its calls).
-    band_calls = []
-    band = attention_nprf._band
-    monkeypatch.setattr(attention_nprf, "_band", lambda *a: band_calls.append(1) or band(*a))
+    # there (the long inputs take the band path: each call's backend recorded as the backend rule names it).
+    backends = []
+
+    def recording(query, key, value, rpe_bias, features, **kw):
+        backends.append(attention_nprf.choose_backend(
+            batch_heads=query.shape[0] * query.shape[1], n=query.shape[2], s=key.shape[2],
+            has_bias=rpe_bias is not None, max_distance=kw["max_distance"], return_weights=kw["return_weights"],
+            mask=mask_kind(kw["attention_mask"])))
+        return attention_nprf.nprf_attention(query, key, value, rpe_bias, features, **kw)
+
+    monkeypatch.setattr(modeling_nprf_roberta, "nprf_attention", recording)
     _, seen = run_with_layer_io(model, ids, mask)
-    assert len(band_calls) == (config.num_hidden_layers if variant.endswith("long") else 0)
+    assert backends.count("band") == (config.num_hidden_layers if variant.endswith("long") else 0)
     heads, head_dim = config.num_attention_heads, config.attention_head_size
     for layer, (hidden, layer_out) in zip(model.base_model.encoder.layer, seen):
         a, v = spec_attention(layer.attention.self, hidden, mask, bias_table, config)

@@ -53,3 +53,28 @@ def test_the_attention_files_cite_their_papers(travelling_files):
     for path in travelling_files:
         if path.name in cited:
             assert cited[path.name] in path.read_text(), path.name
+
+
+def test_the_references_stand_apart(travelling_files):
+    """hf_mgk/reference/ imports torch, the standard library and its own modules only, and no travelling file
+    imports it: a bug in a kernel cannot hide in its reference, and checkpoints do not carry the references."""
+    import ast
+    import sys
+
+    def imports(path):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                yield from ((0, alias.name) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                yield node.level, node.module or ""
+
+    own = {p.stem for p in (PACKAGE / "reference").glob("*.py")}
+    for path in (PACKAGE / "reference").glob("*.py"):
+        for level, module in imports(path):
+            if level:
+                assert level == 1 and module in own, f"{path.name} imports {'.' * level}{module}"
+            else:
+                assert module.split(".")[0] == "torch" or module in sys.stdlib_module_names, f"{path.name}: {module}"
+    for path in travelling_files:
+        assert not any("reference" in module for _, module in imports(path)), path.name

@@ -14,7 +14,15 @@ Admixture of Shared Heads", whose section and equation numbers are used here:
 * out_j = softmax(A_j + mask) V_j for the H local value heads; masks act on the mixed scores (a
   causal mask is applied after mixing).
 
-This file imports only the standard library and torch, so it can be copied next to HuggingFace
+Three exact backends compute it (`choose_backend` picks one for backend="auto"):
+  fused       linear mixing without noise as one SDPA call over H heads of query size M*D (_fused_attention);
+  recomputed  blocks of query rows with a hand-written backward (_recomputed_attention), which keeps the blocks'
+              scores and weights for backward up to a byte budget and recomputes them above (O(N) memory);
+  blocked     the formula on blocks of query rows through autograd (_blocked_attention); with return_weights in
+              one piece, the output computed from the returned weights.
+The plain reference the tests hold these to is in `hf_mgk.reference` (not part of this file).
+
+This file imports only the standard library, torch and its siblings, so it can be copied next to HuggingFace
 "remote code" model files.
 """
 
@@ -24,23 +32,76 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["fish_attention", "fish_attention_reference", "make_gfish_mixing"]
+from .attention_blocks import autocast_enabled, resolve_backend, row_blocks
+from .attention_masks import allowed_pairs, causal_mask, is_tracing, masked_scores
 
-# The materialised path works on blocks of this many query rows. Measured on the shared 2-core CPU
-# (torch 2.13, one thread, H=8, M=2, D=64, forward+backward): 128 rows beat 32 / 64 / 256 at B=1,
-# N=1024 and 2048, and tied with 64 at B=8, N=512. Smaller blocks lose to per-block overhead (each
-# block's slice of K and V costs a full-size gradient accumulation); one block of N rows streams
-# H*N*S scores through memory (2-4x slower at N=1024-2048). Without autograd it also bounds the
-# memory to B*H*128*S scores.
-_BLOCK_ROWS = 128
-# The recomputing path keeps its blocks' scores and weights for backward while they take at most this many bytes
+__all__ = ["BACKENDS", "choose_backend", "fish_attention", "make_gfish_mixing"]
+
+BACKENDS = ("fused", "recomputed", "blocked")
+# Query rows per block of the blocked and recomputed paths; bounds the memory without autograd to B*H*rows*S
+# scores (../../docs/benchmarks/kernel-notes.md#fish-block-rows).
+BLOCK_ROWS = 128
+# The recomputed path keeps its blocks' scores and weights for backward while they take at most this many bytes
 # per call (see _recomputed_attention).
-_KEEP_BYTES = 2**28
+KEEP_BYTES = 2**28
 
+
+def choose_backend(*, mixing, noise, dropout, return_weights, device_type, dtype, autocast, requires_grad, tracing):
+    """The backend `fish_attention` runs with backend="auto", from plain facts about the call: mixing "heads" (an
+    (M, H) tensor, H > 1), "shared" (an (M, 1) tensor: MiSH), "gfish" (the network of make_gfish_mixing) or
+    "module" (any other network); noise, dropout: whether they are on; autocast: on for the query's device;
+    requires_grad: autograd records the call; tracing: traced or compiled (the plain differentiable formulas run
+    there, not the hand-written backward, whose in-place block writes the TorchScript-based ONNX exporter
+    mistranslates).
+
+    Every backend is exact; the rule is about speed and memory (../../docs/benchmarks/kernel-notes.md#fish-path-rule):
+    * no dropout or weights, an (M, H) tensor without noise, no autograd or on an accelerator: fused (flash
+      kernels, O(N) memory);
+    * with autograd, float32/64 outside autocast: an (M, H) tensor, MiSH with noise, and on the CPU the GFiSH
+      network: recomputed;
+    * everything else (MiSH without noise, whose H heads share one softmax computed once; other networks; dropout;
+      weights; autocast): blocked."""
+    linear = mixing in ("heads", "shared") and not dropout and not return_weights
+    training = requires_grad and not tracing
+    if linear and mixing == "heads" and not noise and (device_type != "cpu" or not training):
+        return "fused"
+    by_hand = (linear and (mixing == "heads" or noise)) or (
+        mixing == "gfish" and not dropout and not return_weights and device_type == "cpu")
+    if by_hand and training and dtype in (torch.float32, torch.float64) and not autocast:
+        return "recomputed"
+    return "blocked"
+
+
+def _refusals(*, mixing, noise, dropout, return_weights, dtype, autocast, tracing, **_):
+    """Why each backend cannot run a call (None: it can)."""
+    either = ("return_weights (only 'blocked' forms the weights)" if return_weights
+              else "dropout" if dropout else None)
+    fused = either or ("noise" if noise else None) or (
+        None if mixing == "heads" else "a mixing other than an (M, H) tensor with H > 1")
+    recomputed = either or (
+        "a mixing network other than make_gfish_mixing's" if mixing == "module"
+        else "MiSH without noise (its H heads share one softmax)" if mixing == "shared" and not noise
+        else "half precision" if dtype not in (torch.float32, torch.float64)
+        else "autocast" if autocast else "tracing or compiling" if tracing else None)
+    return {"fused": fused, "recomputed": recomputed, "blocked": None}
+
+
+def _mixing_kind(mixing):
+    if isinstance(mixing, torch.Tensor):
+        return "heads" if mixing.shape[1] > 1 else "shared"
+    return "gfish" if _is_gfish_network(mixing) else "module"
+
+
+def _requires_grad(query, key, value, mixing, noise_std):
+    """Whether autograd records this call (a mixing network through its parameters)."""
+    mixing = list(mixing.parameters()) if isinstance(mixing, nn.Module) else [mixing]
+    return torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (query, key, value, *mixing, noise_std))
 
 def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, attention_mask=None,
-                   is_causal=False, return_weights=False, dropout_p=0.0, generator=None):
-    """FiSH / hard FiSH / MiSH / (hard) GFiSH attention, computed on the fastest exact path.
+                   is_causal=False, return_weights=False, dropout_p=0.0, generator=None, backend="auto",
+                   block_rows=BLOCK_ROWS, keep_bytes=KEEP_BYTES):
+    """FiSH / hard FiSH / MiSH / (hard) GFiSH attention, computed on an exact backend.
 
     Args:
         query: (B, M, N, D), the M global query heads.
@@ -61,64 +122,39 @@ def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, att
             queries are the last N positions), applied after mixing.
         return_weights: also return the (B, H, N, S) attention probabilities (after dropout).
         dropout_p: attention dropout on the probabilities (training only; the caller passes 0 in eval).
-        generator: torch.Generator for the FiSH noise, so runs can be reproduced.
+        generator: torch.Generator for the FiSH noise, so runs can be reproduced. The noise is drawn per block of
+            `block_rows` query rows (`_draw_noise`), whatever the backend.
+        backend: "auto" (`choose_backend`) or one of BACKENDS ("fused", "recomputed", "blocked"; module
+            docstring); a ValueError names one that cannot run the call.
+        block_rows: query rows per block (blocked and recomputed paths, and the noise's blocks).
+        keep_bytes: the recomputed path keeps its blocks' scores and weights for backward up to this many bytes,
+            and recomputes them above.
 
     Returns:
         out (B, H, N, Dv), and with ``return_weights`` also the weights (B, H, N, S).
         Query rows that see no key at all (all keys padded) get zero weights and a zero output.
-
-    Path rule (every path is exact; the rule is only about speed and memory). No dropout, no weights requested:
-    * a (M, H) mixing tensor, H > 1, no noise and no autograd, or on an accelerator: one fused SDPA call
-      (_fused_attention: H heads of query/key size M*D, flash kernels, O(N) memory);
-    * with autograd, float32/64 outside autocast: a (M, H) mixing tensor (FiSH, hard FiSH), MiSH with noise, and
-      on the CPU the GFiSH network of make_gfish_mixing: the blocked formula with a hand-written backward
-      (_recomputed_attention), which keeps the blocks' scores and weights for backward up to _KEEP_BYTES and
-      recomputes them above (O(N) memory).
-    Everything else (MiSH without noise, other mixing networks, dropout, autocast): the materialised formula in
-    blocks of query rows through autograd (_blocked_attention), which keeps B * (H + M) * N * S scores for
-    backward; MiSH without noise computes its one shared attention matrix once and broadcasts it over the H value
-    heads. With ``return_weights``, the formula in one piece: the output is the returned weights times V, so the
-    weights are in the autograd graph (gradient-based attribution sees them), as in stock GPT-2's eager attention.
-    Measured on the shared 2-core CPU (B=1, H=8, M=2, D=64, causal, forward+backward, one thread, interleaved
-    with 8-head SDPA): the hand-written path took 0.61-0.76x SDPA's time at N=1024 and 0.86-0.92x at N=2048
-    without noise; drawing the noise (H random numbers per visible pair, ~3.3 ns each, serial) adds about
-    0.3-0.5x SDPA's time. Forward only without noise, the fused call took 0.89-1.0x the blocked path's time.
     """
     _, _, _, D, S, H, _ = _check_shapes(query, key, value, mixing, noise_std, attention_mask)
     scale = D ** -0.5 if scale is None else float(scale)
-    linear = isinstance(mixing, torch.Tensor) and dropout_p == 0.0 and not return_weights
-    training = _needs_grad(query, key, value, mixing, noise_std)
-    if linear and mixing.shape[1] > 1 and noise_std is None and (query.device.type != "cpu" or not training):
+    facts = dict(mixing=_mixing_kind(mixing), noise=noise_std is not None, dropout=dropout_p != 0.0,
+                 return_weights=return_weights, device_type=query.device.type, dtype=query.dtype,
+                 autocast=autocast_enabled(query.device.type),
+                 requires_grad=_requires_grad(query, key, value, mixing, noise_std), tracing=is_tracing())
+    backend = resolve_backend(backend, choose_backend(**facts), _refusals(**facts))
+    if backend == "fused":
         return _fused_attention(query, key, value, mixing, scale, attention_mask, is_causal)
-    eps = _draw_noise(query, mixing, noise_std, H, S, is_causal, generator)
-    # MiSH without noise stays on the materialised path: there all H heads share one softmax, computed once.
-    by_hand = (linear and (mixing.shape[1] > 1 or noise_std is not None)) or (
-        _is_gfish_network(mixing) and dropout_p == 0.0 and not return_weights and query.device.type == "cpu")
-    if by_hand and training and query.dtype in (torch.float32, torch.float64) and not torch.is_autocast_enabled(
-            query.device.type):
-        return _recomputed_attention(query, key, value, mixing, scale, noise_std, eps, attention_mask, is_causal)
+    eps = _draw_noise(query, mixing, noise_std, H, S, is_causal, generator, block_rows)
+    if backend == "recomputed":
+        return _recomputed_attention(query, key, value, mixing, scale, noise_std, eps, attention_mask, is_causal,
+                                     block_rows, keep_bytes)
     out, weights = _blocked_attention(query, key, value, mixing, scale, noise_std, eps, attention_mask,
-                                      is_causal, dropout_p, return_weights)
+                                      is_causal, dropout_p, return_weights, block_rows)
     return (out, weights) if return_weights else out
 
 
-def fish_attention_reference(query, key, value, mixing, *, scale=None, noise_std=None,
-                             attention_mask=None, is_causal=False, return_weights=False, dropout_p=0.0,
-                             generator=None):
-    """The plain N x S formula of fish_attention, in one piece: the reference the fast paths are tested
-    against. Same arguments and results; with the same ``generator`` state it draws the same noise."""
-    B, _, N, D, S, H, _ = _check_shapes(query, key, value, mixing, noise_std, attention_mask)
-    scale = D ** -0.5 if scale is None else float(scale)
-    eps = _whole_noise(_draw_noise(query, mixing, noise_std, H, S, is_causal, generator), S)
-    hidden, empty = _hidden(N, S, attention_mask, is_causal, query.device)
-    out, weights = _materialised(query * scale, key, value, mixing, noise_std, eps, hidden, empty,
-                                 dropout_p, every_head=True)
-    return (out, weights) if return_weights else out
-
-
-def _materialised(query, key, value, mixing, noise_std, eps, hidden, empty, dropout_p, every_head=False):
-    """The formula itself (module docstring), for a query already multiplied by the scale; hidden and
-    empty come from _hidden. Returns out (B, H, N, Dv) and weights (B, H or 1, N, S); (B, H, N, S) with
+def _materialised(query, key, value, mixing, noise_std, eps, allowed, empty, dropout_p, every_head=False):
+    """The formula itself (module docstring), for a query already multiplied by the scale; allowed and
+    empty come from _visible. Returns out (B, H, N, Dv) and weights (B, H or 1, N, S); (B, H, N, S) with
     ``every_head``, the tensor the output is computed from."""
     B, _, N, _ = query.shape
     S = key.shape[2]
@@ -139,7 +175,7 @@ def _materialised(query, key, value, mixing, noise_std, eps, hidden, empty, drop
             # (not NaN) where the std is 0, e.g. sigma initialised to 0.
             std = torch.linalg.vector_norm(p * noise_std.to(g.dtype)[:, None], dim=0)  # (H,)
             scores = scores + std[:, None, None] * eps
-    scores = _masked(scores, hidden)
+    scores = masked_scores(scores, allowed)
     # softmax in float32 even when the scores are bf16/fp16 (as HF's eager attention does)
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
     if empty is not None:
@@ -152,44 +188,46 @@ def _materialised(query, key, value, mixing, noise_std, eps, hidden, empty, drop
 
 
 def _blocked_attention(query, key, value, mixing, scale, noise_std, eps, attention_mask, is_causal,
-                       dropout_p, return_weights):
-    """_materialised on blocks of _BLOCK_ROWS query rows. With is_causal, the keys after the last one
+                       dropout_p, return_weights, block_rows):
+    """_materialised on blocks of `block_rows` query rows. With is_causal, the keys after the last one
     a block can see (row i sees keys j <= i + S - N) are cut off instead of masked, which skips about
     half the work. Scaling and masks are computed once for all blocks: on a CPU shared with other
     work every extra small op per block can cost a scheduler time slice."""
     N, S = query.shape[2], key.shape[2]
     query = query * scale
-    hidden, empty = _hidden(N, S, attention_mask, is_causal, query.device)
+    allowed, empty = _visible(N, S, attention_mask, is_causal, query.device)
     if return_weights:  # all N x S weights are handed out anyway: one block, the output computed from them
-        return _materialised(query, key, value, mixing, noise_std, _whole_noise(eps, S), hidden, empty, dropout_p,
+        return _materialised(query, key, value, mixing, noise_std, _whole_noise(eps, S), allowed, empty, dropout_p,
                              every_head=True)
     outs = []
-    for i, (rows, end) in enumerate(_row_blocks(N, S, is_causal)):
+    for i, (rows, end, _) in enumerate(row_blocks(N, S, is_causal, block_rows, keep_empty=True)):
         out, _ = _materialised(
             query[:, :, rows], key[:, :, :end], value[:, :, :end], mixing, noise_std,
             None if eps is None else eps[i],
-            None if hidden is None else hidden[:, :, rows, :end],
+            None if allowed is None else allowed[:, :, rows, :end],
             None if empty is None else empty[:, :, rows], dropout_p)
         outs.append(out)
     return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)), None
 
 
-def _recomputed_attention(query, key, value, mixing, scale, noise_std, eps, attention_mask, is_causal):
+def _recomputed_attention(query, key, value, mixing, scale, noise_std, eps, attention_mask, is_causal, block_rows,
+                          keep_bytes):
     """Training with autograd on the CPU (FiSH, hard FiSH, MiSH with noise, (hard) GFiSH with the network of
     make_gfish_mixing): blocks of rows with a hand-written backward.
 
     Per block only the keys the block may see are used (causal: about half the pairs), and only the block's
     diagonal tile is masked when causality is the only mask. Backward needs each block's global scores (the
     network's input and hidden layer for GFiSH) and softmax weights: they are kept from the forward while they
-    take at most _KEEP_BYTES per call (measured at N = 1024, 8 + 2 heads, one thread: 0.77-0.84x SDPA's time
-    against 1.08x recomputing them), else recomputed per block like flash attention, so memory stays O(N) at any
-    length. Against autograd through _blocked_attention it also avoids the per-block zero-filled full-size
-    gradients of the K and V slices and keeps fewer score-sized tensors: far fewer memory passes.
+    take at most `keep_bytes` per call (faster), else recomputed per block like flash attention, so memory stays
+    O(N) at any length. Against autograd through _blocked_attention it also avoids the per-block zero-filled
+    full-size gradients of the K and V slices and keeps fewer score-sized tensors: far fewer memory passes
+    (timings: ../../docs/benchmarks/kernel-notes.md#fish-recomputed-path).
     """
     B, M, N, _ = query.shape
     S, H = key.shape[2], value.shape[1]
     tile_only = is_causal and attention_mask is None and N <= S  # causality alone: masks in the diagonal tiles
-    hidden, empty = (None, None) if tile_only else _hidden(N, S, attention_mask, is_causal, query.device)
+    hidden, empty = (None, None) if tile_only else _visible(N, S, attention_mask, is_causal, query.device,
+                                                             hidden=True)
     if isinstance(mixing, nn.Module):  # Linear(M, H) -> ReLU -> Linear(H, H); noise on its input
         params = tuple(t.to(query.dtype) for t in (mixing[0].weight, mixing[0].bias, mixing[2].weight,
                                                    mixing[2].bias))
@@ -199,9 +237,10 @@ def _recomputed_attention(query, key, value, mixing, scale, noise_std, eps, atte
         std = None
         if noise_std is not None:  # the std of sum_k p_kj sigma_k eps_jk, as in _materialised
             std = torch.linalg.vector_norm(mixing * noise_std.to(query.dtype)[:, None], dim=0)
-    pairs = sum((rows.stop - rows.start) * end for rows, end in _row_blocks(N, S, is_causal))
-    keep = B * kept_heads * pairs * query.element_size() <= _KEEP_BYTES
-    out = _RecomputedFiSH.apply(query * scale, key, value, std, eps, hidden, is_causal, tile_only, keep, *params)
+    pairs = sum((rows.stop - rows.start) * end for rows, end, _ in row_blocks(N, S, is_causal, block_rows, True))
+    keep = B * kept_heads * pairs * query.element_size() <= keep_bytes
+    out = _RecomputedFiSH.apply(query * scale, key, value, std, eps, hidden, is_causal, tile_only, keep, block_rows,
+                                *params)
     return out if empty is None else out.masked_fill(empty, 0.0)
 
 
@@ -214,8 +253,8 @@ def _is_gfish_network(mixing):
 def _mix(p, g, out=None):
     """A_j = sum_k p_kj G_k: p (M, H), g (B, M, n, e) -> (B, H, n, e), one batched matmul over the head axis,
     into `out` if given. Written as bmm of (B, H, M) by (B, M, n*e): torch.matmul of (H, M) by (B, M, n*e)
-    computes the transposed product and then copies it into place, a full extra pass over the H scores
-    (measured: 60 ms of a 300 ms 2k-token fwd+bwd)."""
+    computes the transposed product and then copies it into place, a full extra pass over the H scores (kernel
+    notes, "FiSH path rule")."""
     B, _, n, e = g.shape
     flat = None if out is None else out.view(B, -1, n * e)
     return torch.bmm(p.t().expand(B, -1, -1), g.reshape(B, g.shape[1], n * e), out=flat).view(B, -1, n, e)
@@ -223,9 +262,8 @@ def _mix(p, g, out=None):
 
 class _Scratch:
     """Reused buffers for a call's per-block temporaries, instead of a new tensor per block (causal blocks grow by a
-    tile each, so the allocator rarely reuses a freed one). Measured on the loaded 2-core CPU, one thread: from
-    no difference (within the noise) to 14% faster (FiSH with noise, N = 2048). Each buffer is sized once for the
-    largest block (rows x all keys)."""
+    tile each, so the allocator rarely reuses a freed one; ../../docs/benchmarks/kernel-notes.md#fish-scratch).
+    Each buffer is sized once for the largest block (rows x all keys)."""
 
     def __init__(self, rows, keys):
         self.rows, self.keys, self.bufs = rows, keys, {}
@@ -243,22 +281,12 @@ def _fresh(name, shape, like):
     return like.new_empty(shape)
 
 
-def _row_blocks(N, S, is_causal):
-    """(rows, end) per block of _BLOCK_ROWS query rows: keys :end are all the block's rows may see (row i sees
-    j <= i + S - N when causal; at least one column, so that a block of rows that see nothing stays a block)."""
-    for start in range(0, N, _BLOCK_ROWS):
-        stop = min(N, start + _BLOCK_ROWS)
-        yield slice(start, stop), (min(S, max(1, stop + S - N)) if is_causal else S)
-
-
-def _block_hidden(hidden, tile_only, rows, end, N, S, like):
-    """(hidden part or None, first column it covers) of one block: the slice of _hidden's mask, or with causality
-    alone (tile_only) the block's diagonal tile, keys j > i + S - N, built here (a few KB)."""
+def _block_hidden(hidden, tile_only, rows, end, lo, like):
+    """(hidden part or None, first column it covers) of one block of `row_blocks`: the slice of _visible's mask, or
+    with causality alone (tile_only) the block's diagonal tile, keys lo:end, built here (a few KB)."""
     if not tile_only:
         return (None if hidden is None else hidden[:, :, rows, :end]), 0
-    lo = min(end, rows.start + S - N + 1)  # every key before lo is visible to all the block's rows
-    tile = torch.ones(rows.stop - rows.start, end - lo, dtype=torch.bool, device=like.device).triu_()
-    return tile, lo
+    return causal_mask(rows.stop - rows.start, end - lo, like.device).logical_not_(), lo
 
 
 def _block_weights(q, k, params, std, eps, hidden, lo, scratch, out):
@@ -298,8 +326,8 @@ def _mixing_backward(params, saved, da, std, eps, grads, scratch):
     sum_heads = lambda t, u: torch.matmul(t.flatten(2), u.flatten(2).transpose(-1, -2)).sum(0)  # sum_b t u^T
     if len(params) == 1:
         (p,), (g,) = params, saved
-        if std is not None:  # per head sum of da * eps, without a product tensor (measured 2x faster; a bmm of
-            per_head = torch.einsum("bhij,bhij->h", da, eps)  # (1 x ne) by (ne x 1) takes 6x)
+        if std is not None:  # per head sum of da * eps without a product tensor (faster; kernel notes)
+            per_head = torch.einsum("bhij,bhij->h", da, eps)
             grads[-1] += per_head if grads[-1].shape[0] == per_head.shape[0] else per_head.sum()
         if p.shape[1] == 1 < da.shape[1]:  # MiSH: the mixed matrix feeds every head
             da = torch.sum(da, 1, keepdim=True, out=scratch("da1", g.shape[:1] + (1,) + g.shape[2:], g))
@@ -322,13 +350,13 @@ class _RecomputedFiSH(torch.autograd.Function):
     """out = softmax(mix(q k^T, noise), masked) v per block of rows; see _recomputed_attention."""
 
     @staticmethod
-    def forward(ctx, q, k, v, std, eps, hidden, is_causal, tile_only, keep, *params):
+    def forward(ctx, q, k, v, std, eps, hidden, is_causal, tile_only, keep, block_rows, *params):
         N, S = q.shape[2], k.shape[2]
         out = v.new_empty(q.shape[0], v.shape[1], N, v.shape[3])
         tiles, kept = [], []
-        scratch = _Scratch(_BLOCK_ROWS, S)
-        for i, (rows, end) in enumerate(_row_blocks(N, S, is_causal)):
-            tiles.append(_block_hidden(hidden, tile_only, rows, end, N, S, q))
+        scratch = _Scratch(block_rows, S)
+        for i, (rows, end, lo) in enumerate(row_blocks(N, S, is_causal, block_rows, keep_empty=True)):
+            tiles.append(_block_hidden(hidden, tile_only, rows, end, lo, q))
             saved, w = _block_weights(q[:, :, rows], k[:, :, :end], params, std, None if eps is None else eps[i],
                                       *tiles[-1], scratch, _fresh if keep else scratch)
             out[:, :, rows] = torch.matmul(w, v[:, :, :end])
@@ -336,6 +364,7 @@ class _RecomputedFiSH(torch.autograd.Function):
                 kept.append((saved, w))
         ctx.save_for_backward(q, k, v, std, out, *params)
         ctx.blocks = (is_causal, tiles, kept, eps)
+        ctx.block_rows = block_rows
         return out
 
     @staticmethod
@@ -353,8 +382,8 @@ class _RecomputedFiSH(torch.autograd.Function):
         do_aug = torch.cat([grad_out, -(grad_out * out).sum(-1, keepdim=True)], -1)
         v_aug = torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], -1)
         dk3, dv3 = dk.flatten(0, 1), dv.flatten(0, 1)  # (B*heads, S, D) views: bmm accumulates into them
-        scratch = _Scratch(_BLOCK_ROWS, k.shape[2])
-        for i, (rows, end) in enumerate(_row_blocks(q.shape[2], k.shape[2], is_causal)):
+        scratch = _Scratch(ctx.block_rows, k.shape[2])
+        for i, (rows, end, _) in enumerate(row_blocks(q.shape[2], k.shape[2], is_causal, ctx.block_rows, True)):
             qb, kb = q[:, :, rows], k[:, :, :end]
             eb = None if eps is None else eps[i]
             saved, w = kept[i] if kept else _block_weights(qb, kb, params, std, eb, *tiles[i], scratch, scratch)
@@ -365,7 +394,7 @@ class _RecomputedFiSH(torch.autograd.Function):
             dq[:, :, rows] = torch.matmul(dg, kb)
             dk3[:, :end].baddbmm_(dg.flatten(0, 1).transpose(1, 2), qb.flatten(0, 1))
         dstd = grads.pop() if std is not None else None
-        return (dq, dk, dv, dstd, None, None, None, None, None, *grads)
+        return (dq, dk, dv, dstd, None, None, None, None, None, None, *grads)
 
 
 def _fused_attention(query, key, value, p, scale, attention_mask, is_causal):
@@ -373,9 +402,9 @@ def _fused_attention(query, key, value, p, scale, attention_mask, is_causal):
 
     A_j = sum_k p_kj scale Q_k K_k^T = concat_k(p_kj scale Q_k) @ concat_k(K_k)^T, so local head j is
     ordinary attention with query head size M*D; the key is the same for all local heads (an expand, no
-    copy). PyTorch's CPU flash kernel runs only when q/k and v have one head size (otherwise a math path,
-    measured 4-5x slower with torch 2.13), so the smaller side is padded with zeros, which changes no dot
-    product, and the output is sliced back to Dv.
+    copy). PyTorch's CPU flash kernel runs only when q/k and v have one head size (otherwise a slower math
+    path: ../../docs/benchmarks/kernel-notes.md#fish-path-rule), so the smaller side is padded with zeros, which
+    changes no dot product, and the output is sliced back to Dv.
     """
     B, M, N, D = query.shape
     S = key.shape[2]
@@ -389,75 +418,47 @@ def _fused_attention(query, key, value, p, scale, attention_mask, is_causal):
         q, k = F.pad(q, (0, size - M * D)), F.pad(k, (0, size - M * D))
     v = F.pad(value, (0, size - Dv)) if size > Dv else value
     k = k.expand(B, H, S, size)
-    hidden = empty = None
+    allowed = empty = None
     if attention_mask is not None or (is_causal and N != S and N > 1):
-        hidden, empty = _hidden(N, S, attention_mask, is_causal, query.device)
+        allowed, empty = _visible(N, S, attention_mask, is_causal, query.device)
     # SDPA's own is_causal is top-left aligned: use it only where that equals bottom-right (N == S).
     # A single query (N = 1, bottom-right aligned) sees every key, so needs no causal mask at all.
-    attn_mask = None if hidden is None else hidden if hidden.is_floating_point() else ~hidden
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
-                                         scale=1.0, is_causal=is_causal and N == S and hidden is None)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed,
+                                         scale=1.0, is_causal=is_causal and N == S and allowed is None)
     out = out[..., :Dv] if size > Dv else out
     return out if empty is None else out.masked_fill(empty, 0.0)
 
 
-def _needs_grad(*tensors):
-    """Whether autograd records this call. Not in a trace or compiled graph (torch.export, torch.onnx, torch.compile,
-    torch.jit.trace): there the plain differentiable formulas run, not the hand-written backward, whose in-place
-    block writes the TorchScript-based ONNX exporter mistranslates."""
-    if torch.jit.is_tracing() or torch.compiler.is_compiling():
-        return False
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+def _visible(N, S, attention_mask, is_causal, device, hidden=False):
+    """Which keys each query may see: (allowed, empty).
 
-
-def _hidden(N, S, attention_mask, is_causal, device):
-    """Which keys each query may not see: (hidden, empty).
-
-    hidden: bool (B or 1, 1, N, S), True where key j is padding or (is_causal) j > i + S - N, or hidden by a
-    whole (B or 1, 1, N, S) bool mask; a whole additive mask itself (float, added to the scores); or None
-    when every key is visible. empty: bool (B or 1, 1, N, 1), True on rows that see no key at all, or
-    None; those rows are opened to every key here (so no path ever computes a softmax over nothing, which
-    is NaN, with NaN gradients, on some backends) and the caller sets their output to zero. (No test for
-    whether such rows exist: a traced or compiled graph must not depend on the mask's values.)
+    allowed: from `allowed_pairs`, with the rows that see no key at all opened to every key (so no path ever
+    computes a softmax over nothing, which is NaN, with NaN gradients, on some backends), or None when every key is
+    visible; a whole additive mask as it is (float, added to the scores); with `hidden` the complement (True =
+    hidden), for in-place fills. empty: bool (B or 1, 1, N, 1), True on the rows that see no key, or None; the
+    caller sets their output to zero. (No test for whether such rows exist: a traced or compiled graph must not
+    depend on the mask's values.) Both expanded (views) to N query rows, so that query blocks can slice them.
     """
-    if attention_mask is not None and attention_mask.dim() == 4:
-        if attention_mask.is_floating_point():
-            return attention_mask, None
-        visible = attention_mask
-    else:
-        visible = None
-        if is_causal:  # bottom-right aligned
-            visible = torch.ones(N, S, dtype=torch.bool, device=device).tril(S - N)[None, None]
-        if attention_mask is not None:
-            pad = attention_mask[:, None, None, :].to(torch.bool)
-            visible = pad if visible is None else visible & pad
-    if visible is None:
-        return None, None
-    empty = ~visible.any(dim=-1, keepdim=True)
-    # expanded (views) to N query rows, so that query blocks can slice them
-    return (~(visible | empty)).expand(-1, -1, N, -1), empty.expand(-1, -1, N, -1)
+    allowed = allowed_pairs(attention_mask, is_causal, N, S, device)
+    if allowed is None or allowed.is_floating_point():
+        return allowed, None
+    empty = ~allowed.any(dim=-1, keepdim=True)
+    allowed = ~(allowed | empty) if hidden else allowed | empty
+    return allowed.expand(-1, -1, N, -1), empty.expand(-1, -1, N, -1)
 
 
-def _masked(scores, hidden):
-    """scores with what `hidden` (from _hidden) hides set to the dtype's minimum, or its additive mask added."""
-    if hidden is None:
-        return scores
-    if hidden.dtype == torch.bool:
-        return scores.masked_fill(hidden, torch.finfo(scores.dtype).min)
-    return scores + hidden.to(scores.dtype)
-
-
-def _draw_noise(query, mixing, noise_std, H, S, is_causal, generator):
+def _draw_noise(query, mixing, noise_std, H, S, is_causal, generator, block_rows):
     """eps ~ N(0, 1), drawn once for the whole call so every path sees the same numbers, as one tensor per block
-    of query rows (_row_blocks) over the keys that block may see: (B, M, rows, end) for a network (noise on G),
-    (B, H, rows, end) for linear mixing (one draw per local head). Causal: noise for keys no row of a block can
-    see is not drawn (random numbers cost ~15x an exp on the CPU: half of a causal FiSH step's noise cost)."""
+    of `block_rows` query rows (`row_blocks`, blocks whose rows see no key kept) over the keys that block may see:
+    (B, M, rows, end) for a network (noise on G), (B, H, rows, end) for linear mixing (one draw per local head).
+    Causal: noise for keys no row of a block can see is not drawn (random numbers are costly: half of a causal
+    step's noise)."""
     if noise_std is None:
         return None
     B, M, N, _ = query.shape
     heads = M if isinstance(mixing, nn.Module) else H
     return [torch.randn((B, heads, rows.stop - rows.start, end), generator=generator, device=query.device,
-                        dtype=query.dtype) for rows, end in _row_blocks(N, S, is_causal)]
+                        dtype=query.dtype) for rows, end, _ in row_blocks(N, S, is_causal, block_rows, True)]
 
 
 def _whole_noise(blocks, S):

@@ -9,24 +9,20 @@ per head, T5 buckets, only exact ways to compute it:
     c_t = exp(b_t),  t = j − i                                   Eq. (6), RPE as a bias, per head
     z_i = φ(q̂_i)ᵀ Σ_j c_{j−i} φ(k̂_j) v_jᵀ / φ(q̂_i)ᵀ Σ_j c_{j−i} φ(k̂_j)     Eq. (10)
 
-The sums over j are products with the Toeplitz matrix C = [c_{j−i}] (Eq. 11–13). Three exact ways to compute
-them, all giving the same function (tests check outputs and gradients against each other):
+The sums over j are products with the Toeplitz matrix C = [c_{j−i}] (Eq. 11–13). Three exact backends compute
+them, all giving the same function (tests check outputs and gradients against the plain reference in
+`hf_mgk.reference`, which is not part of this file):
 
-  explicit  build the N×S weights: the reference, O(N²) time and memory; the only path for return_weights.
+  explicit  build the N×S weights: O(N²) time and memory; the only path for return_weights, a pair mask or N ≠ S.
   fft       Toeplitz product by FFT (§3.2): O(N log N) for any bias, on m·(Dv+1) channels per (batch, head).
   band      needs max_distance = w (or no bias): c is constant for |j − i| ≥ w, so C is a band plus two
             constant triangles. The band is done blockwise (query block against its neighbour key blocks), the
             triangles from prefix sums over blocks of φ(k̂)[v, 1]ᵀ: exact and O(N·(w + m·Dv)).
 
-Path rule (`_choose_path`), measured on this project's 2-thread CPU (fwd+bwd, H=8, D=64, m=32, T5 buckets):
-  1. explicit if return_weights or N ≠ S;
-  2. band if it applies and its band is narrower than the sequence, 2w + 3P < N (P = `_band_block(w)`): there it was never
-     slower than explicit (N=384: 26 vs 30 ms, N=1024: 76 vs 293 ms) and it matches SDPA from N ≈ 1k;
-  3. otherwise explicit while its weights stay small, B·H·N·S ≤ EXPLICIT_MAX_WEIGHTS (B·H = 8: N ≤ 2896; its
-     fwd+bwd peak is ~6 such N×S tensors, measured 3.3 GiB at B·H·N·S = 2^27), else band where it applies (a
-     band as wide as the sequence: exact, O(N) memory), else fft. Memory decides, not
-     speed: explicit was faster wherever it fits (N = 2048: 1.8 s vs 2.1 s; 4096: 5.7 s vs 18 s), while the
-     FFT's memory is O(N) (16k tokens: 0.6 GiB fwd+bwd); its time is still 2.3x SDPA's at 16k.
+`choose_backend` picks one for backend="auto": explicit for the weights, a pair mask or N ≠ S; band where it
+applies and its band is narrower than the sequence (2w + 3P < N, P the band block), or where the explicit weights
+would not fit (B·H·N·S > explicit_max_weights); else explicit while it fits, fft beyond. Memory decides between
+explicit and fft, not speed (timings: ../../docs/benchmarks/kernel-notes.md#nprf-path-rule).
 
 Exactness conventions (none changes Eq. 10):
   * φ is shifted by constants that cancel in the ratio: 1/√m is dropped, each query's features are divided by
@@ -41,7 +37,8 @@ Exactness conventions (none changes Eq. 10):
   * Everything runs in float32 (float64 if given) with autocast disabled (no half precision), the FFTs in
     FFT_DTYPE (float64, see there); outputs come back in the query's dtype.
 
-Only the standard library and torch are imported: this file is copied next to HF remote-code model files.
+Only the standard library, torch and its siblings are imported: this file is copied next to HF remote-code model
+files.
 """
 
 import math
@@ -49,7 +46,12 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .attention_blocks import resolve_backend
+from .attention_masks import mask_kind, rows_with_keys
+
 __all__ = [
+    "BACKENDS",
+    "choose_backend",
     "nprf_attention",
     "draw_features",
     "t5_relative_buckets",
@@ -57,16 +59,16 @@ __all__ = [
     "rpe_bias_from_buckets",
 ]
 
-# Path selection (module docstring). Plain module constants, so they can be retuned for other hardware.
-# Largest B·H·N·S for the explicit path when the band path does not apply: 256 MiB per float32 N×S tensor.
+BACKENDS = ("explicit", "fft", "band")
+# The defaults of nprf_attention's keyword arguments of the same names (module docstring), to retune for other
+# hardware. Largest B·H·N·S for the explicit path when the band path does not apply: 256 MiB per float32 N×S tensor.
 EXPLICIT_MAX_WEIGHTS = 2**26
 # Target band block length. The block actually used divides the band evenly (`_band_block`): shorter blocks
-# waste less band, longer ones make better matmuls (measured best at 32-96).
+# waste less band, longer ones make better matmuls (../../docs/benchmarks/kernel-notes.md#nprf-path-rule).
 BAND_BLOCK = 64
 # FFT precision. FFT round-off is absolute, set by the largest terms (the largest c, φ ≥ 0 piling up at frequency
 # 0), so a row whose own terms are all small loses its relative precision: early causal rows (a few keys) when b
-# spans several nats, measured in float32 at 1e-3 relative for b ~ N(0, 2²) and O(1) for N(0, 4²), N = 100..1000.
-# Float64 keeps those rows at ~1e-12 for about twice the FFT time. Float32 (never less) may be set here
+# spans several nats (../../docs/benchmarks/kernel-notes.md#nprf-fft-precision). Float32 (never less) may be set here
 # for speed where b's range is small.
 FFT_DTYPE = torch.float64
 # Working memory of one FFT chunk (the channels' spectra); backward recomputes them chunk by chunk.
@@ -133,9 +135,37 @@ def rpe_bias_from_buckets(bucket_bias, length, *, bidirectional=True, max_distan
     return bucket_bias[:, idx]
 
 
+def choose_backend(*, batch_heads, n, s, has_bias, max_distance, return_weights, mask,
+                   explicit_max_weights=EXPLICIT_MAX_WEIGHTS, band_block=None):
+    """The backend `nprf_attention` runs with backend="auto" (module docstring), from plain facts about the call:
+    batch_heads = B·H; has_bias: an rpe_bias is given; mask: None, "padding" or "pairs" (a whole 4-D mask);
+    band_block: the band path's block length (None: `_band_block(w)`)."""
+    if return_weights or mask == "pairs" or n != s:
+        return "explicit"
+    w = max_distance if has_bias else 0
+    explicit_fits = batch_heads * n * s <= explicit_max_weights
+    # The band path sees under 2w + 3P keys per query where the explicit one sees N. Where its band covers the
+    # whole sequence it is still exact and O(N) in memory, and faster than the float64 FFT, so it takes over from
+    # explicit before the FFT would.
+    if w is not None and (2 * w + 3 * (band_block or _band_block(w)) < n or not explicit_fits):
+        return "band"
+    return "explicit" if explicit_fits else "fft"
+
+
+def _refusals(*, n, s, has_bias, max_distance, return_weights, mask, **_):
+    """Why each backend cannot run a call (None: it can)."""
+    linear = ("return_weights and a 3-D / 4-D attention mask need the explicit path"
+              if return_weights or mask == "pairs"
+              else "N != S (queries that are not the whole sequence) needs the explicit path" if n != s else None)
+    band = linear or ("the band path needs max_distance (or rpe_bias=None)" if has_bias and max_distance is None
+                      else None)
+    return {"explicit": None, "fft": linear, "band": band}
+
+
 def nprf_attention(query, key, value, rpe_bias, features, *, normalize=True, max_distance=None,
-                   attention_mask=None, is_causal=False, return_weights=False, query_offset=None):
-    """Eq. (10) of Luo et al. 2021; see the module docstring for the paths and conventions.
+                   attention_mask=None, is_causal=False, return_weights=False, query_offset=None, backend="auto",
+                   explicit_max_weights=EXPLICIT_MAX_WEIGHTS, band_block=None, fft_chunk_bytes=FFT_CHUNK_BYTES):
+    """Eq. (10) of Luo et al. 2021; see the module docstring for the backends and conventions.
 
     query (B, H, N, D), key (B, H, S, D), value (B, H, S, Dv); features (m, D) = W.
         N < S (decoding with a key/value cache): the queries are the last N positions, query i sits at
@@ -147,22 +177,23 @@ def nprf_attention(query, key, value, rpe_bias, features, *, normalize=True, max
     max_distance: b is constant for j − i ≥ max_distance and for j − i ≤ −max_distance (enables the O(N) path).
     attention_mask: bool (B, S), True = real token; or a whole (B or 1, 1, N, S) mask for the pairs, bool (True =
         may attend) or additive float (its exp multiplies the pair's term, as c does). A pair mask needs the explicit
-        path (the linear-time paths sum over the keys without forming pairs): it takes that path while its N×S
-        weights fit (B·H·N·S ≤ EXPLICIT_MAX_WEIGHTS) and is refused beyond.
+        path (the linear-time paths sum over the keys without forming pairs): backend="auto" takes that path while
+        its N×S weights fit (B·H·N·S ≤ explicit_max_weights) and refuses the call beyond.
     is_causal: c_{j−i} = 0 for j > i.
     query_offset: the position of the first query among the S keys (default S − N, the last N positions; less with
         a static cache, whose free slots follow the queries).
+    backend: "auto" (`choose_backend`) or one of BACKENDS ("explicit", "fft", "band"); a ValueError names one that
+        cannot run the call.
+    explicit_max_weights: the largest B·H·N·S the automatic choice gives the explicit path (its memory).
+    band_block: the band path's block length P (None: near BAND_BLOCK, covering the band evenly: `_band_block`).
+    fft_chunk_bytes: working memory of one FFT chunk (the channels' spectra); backward recomputes them chunk by
+        chunk.
     Returns z (B, H, N, Dv) and, with return_weights, the (B, H, N, S) attention matrix as well.
     """
-    return _nprf_attention(query, key, value, rpe_bias, features, normalize, max_distance, attention_mask,
-                           is_causal, return_weights, path="auto", query_offset=query_offset)
-
-
-def _nprf_attention(query, key, value, rpe_bias, features, normalize, max_distance, attention_mask, is_causal,
-                    return_weights, path, query_offset=None):
     B, H, N, D = query.shape
     S = key.shape[-2]
-    pairs = attention_mask is not None and attention_mask.dim() == 4
+    mask = mask_kind(attention_mask)
+    pairs = mask == "pairs"
     if key.shape != (B, H, S, D) or value.shape[:3] != (B, H, S) or features.shape[-1] != D:
         raise ValueError(f"shapes: query {tuple(query.shape)}, key {tuple(key.shape)}, "
                          f"value {tuple(value.shape)}, features {tuple(features.shape)}")
@@ -171,16 +202,15 @@ def _nprf_attention(query, key, value, rpe_bias, features, normalize, max_distan
     if rpe_bias is not None and (rpe_bias.dim() != 2 or rpe_bias.shape[-1] != 2 * S - 1
                                  or rpe_bias.shape[0] not in (1, H)):
         raise ValueError(f"rpe_bias must be (H, 2S-1) = ({H}, {2 * S - 1}), got {tuple(rpe_bias.shape)}")
-    if pairs and path == "auto" and B * H * N * S > EXPLICIT_MAX_WEIGHTS:
+    if pairs and backend == "auto" and B * H * N * S > explicit_max_weights:
         raise ValueError(
             f"a 3-D / 4-D attention mask needs NPRF's explicit path, whose weights (B·H·N·S = {B * H * N * S}) exceed "
-            f"EXPLICIT_MAX_WEIGHTS = {EXPLICIT_MAX_WEIGHTS}; the linear-time paths take a (batch, sequence_length) "
+            f"explicit_max_weights = {explicit_max_weights}; the linear-time paths take a (batch, sequence_length) "
             "padding mask only")
-    if path == "auto":
-        path = _choose_path(B * H, N, S, rpe_bias, max_distance, return_weights or pairs)
-    if (return_weights or pairs) and path != "explicit":
-        raise ValueError("return_weights and a 3-D / 4-D attention mask need the explicit path")
-
+    facts = dict(batch_heads=B * H, n=N, s=S, has_bias=rpe_bias is not None, max_distance=max_distance,
+                 return_weights=return_weights, mask=mask)
+    backend = resolve_backend(backend, choose_backend(**facts, explicit_max_weights=explicit_max_weights,
+                                                      band_block=band_block), _refusals(**facts))
     dtype = torch.promote_types(query.dtype, torch.float32)
     offset = S - N if query_offset is None else query_offset
     pair_weight, valid = None, None
@@ -199,17 +229,13 @@ def _nprf_attention(query, key, value, rpe_bias, features, normalize, max_distan
         # The value gets a channel of ones: its output is the denominator, computed with the numerator.
         v1 = torch.cat([v, v.new_ones(B, H, S, 1)], dim=-1)
         weights = None
-        if path == "explicit":
+        if backend == "explicit":
             out, weights = _explicit(phi_q, phi_k, v1, c, offset, pair_weight)
-        elif path == "fft":
-            out = _fft(phi_q, phi_k, v1, c)
-        elif path == "band":
-            w = 0 if rpe_bias is None else max_distance  # no bias: c is constant everywhere
-            if w is None:
-                raise ValueError("the band path needs max_distance (or rpe_bias=None)")
-            out = _band(phi_q, phi_k, v1, c, w, is_causal)
+        elif backend == "fft":
+            out = _fft(phi_q, phi_k, v1, c, fft_chunk_bytes)
         else:
-            raise ValueError(f"unknown path {path!r}")
+            w = 0 if rpe_bias is None else max_distance  # no bias: c is constant everywhere
+            out = _band(phi_q, phi_k, v1, c, w, is_causal, band_block or _band_block(w))
         num, den = out[..., :-1], out[..., -1:]
 
         # Rows without any valid key have den = 0 exactly in Eq. 10; decide them from the mask, not from den,
@@ -218,7 +244,7 @@ def _nprf_attention(query, key, value, rpe_bias, features, normalize, max_distan
         if pairs:
             has_key = (pair_weight > 0).any(-1, keepdim=True).expand(B, 1, N, 1)
         else:
-            has_key = None if valid is None else _rows_with_keys(valid, N, is_causal, offset)
+            has_key = None if valid is None else rows_with_keys(valid, N, is_causal, offset)
         if has_key is not None:
             den = torch.where(has_key, den, torch.ones_like(den))
         z = num / den
@@ -234,19 +260,6 @@ def _nprf_attention(query, key, value, rpe_bias, features, normalize, max_distan
             z = weights.to(dtype) @ v
         z = z.to(query.dtype)
     return (z, weights) if return_weights else z
-
-
-def _choose_path(BH, N, S, rpe_bias, max_distance, return_weights):
-    if return_weights or N != S:
-        return "explicit"
-    w = 0 if rpe_bias is None else max_distance
-    explicit_fits = BH * N * S <= EXPLICIT_MAX_WEIGHTS
-    # The band path sees under 2w + 3P keys per query where the explicit one sees N. Where its band covers the
-    # whole sequence it is still exact and O(N) in memory, and faster than the float64 FFT (B·H = 384, N = 448:
-    # band 2.3 s, explicit 1.6 s, FFT 7.4 s forward), so it takes over from explicit before the FFT would.
-    if w is not None and (2 * w + 3 * _band_block(w) < N or not explicit_fits):
-        return "band"
-    return "explicit" if explicit_fits else "fft"
 
 
 def _feature_maps(q, k, W, normalize, valid, is_causal):
@@ -277,8 +290,7 @@ def _log_features(x, W, normalize):
     """W x̂ − ‖x̂‖²/2 with x̂ = x/‖x‖ (F.normalize's eps: a zero vector stays zero) or x̂ = x.
 
     Normalising after the projection, W x̂ = (W x)/‖x‖, divides m values per position instead of D, and its
-    backward is far cheaper than F.normalize's (measured: the feature maps went from 13 to ~5 ms of a 1k-token
-    fwd+bwd); the result is the same function.
+    backward is far cheaper than F.normalize's (kernel notes, "NPRF path rule"); the result is the same function.
     """
     if not normalize:
         return x @ W.T - 0.5 * (x * x).sum(-1, keepdim=True)
@@ -302,16 +314,8 @@ def _toeplitz_coefficients(rpe_bias, S, max_distance, is_causal, dtype, device):
     return torch.exp(b - b.amax(-1, keepdim=True).detach())
 
 
-def _rows_with_keys(valid, N, is_causal, offset):
-    """(B, 1, N, 1) bool: does query i (at position offset + i) see at least one valid key?"""
-    if is_causal:
-        seen = valid.cumsum(-1) > 0
-        return seen[:, offset + torch.arange(N, device=valid.device), None][:, None]
-    return valid.any(-1)[:, None, None, None].expand(valid.shape[0], 1, N, 1)
-
-
 def _explicit(phi_q, phi_k, v1, c, offset, pair_weight=None):
-    """Reference: unnormalized weights φ(q̂_i)·φ(k̂_j) c_{j−i} for every pair (times the pair mask's factor, if
+    """Unnormalized weights φ(q̂_i)·φ(k̂_j) c_{j−i} for every pair (times the pair mask's factor, if
     any), then Eq. (10) term by term. Query i sits at position offset + i."""
     N, S = phi_q.shape[-2], phi_k.shape[-2]
     # Index of the offset j − (i + offset) in c: j − i − offset + S − 1. Clamped only for N > S (no bias, not
@@ -323,14 +327,14 @@ def _explicit(phi_q, phi_k, v1, c, offset, pair_weight=None):
     return weights @ v1, weights
 
 
-def _fft(phi_q, phi_k, v1, c):
+def _fft(phi_q, phi_k, v1, c, chunk_bytes):
     """§3.2: out_i = Σ_r φ(q̂_i)_r Σ_j c_{j−i} φ(k̂_j)_r [v_j, 1] with the sums over j done by FFT."""
     B, H, N, m = phi_q.shape
-    S, E = phi_k.shape[-2], v1.shape[-1]
+    E = v1.shape[-1]
     G = B * H
     # Sequence last: the FFT runs along contiguous memory. c per (batch, head) group; its gradient sums back.
     q, k, v = (t.reshape(G, -1, t.shape[-1]).transpose(1, 2) for t in (phi_q, phi_k, v1))
-    out = _ToeplitzFFT.apply(q, k, v, c.expand(H, -1).repeat(B, 1))  # (G, E, N)
+    out = _ToeplitzFFT.apply(q, k, v, c.expand(H, -1).repeat(B, 1), chunk_bytes)  # (G, E, N)
     return out.transpose(1, 2).reshape(B, H, N, E)
 
 
@@ -341,14 +345,15 @@ class _ToeplitzFFT(torch.autograd.Function):
     linear convolution, done circularly with length L ≥ 2S−1 so that offsets −(S−1) … S−1 never wrap onto each
     other. A hand-written backward uses the adjoints (the transposed Toeplitz product has spectrum conj(ĥ);
     the gradient of c is a cross-correlation) and recomputes the channels chunk by chunk: nothing of size
-    m·E·L is stored (the same product through autograd plus checkpointing measured about 2x slower).
+    m·E·L is stored (faster than autograd plus checkpointing; ../../docs/benchmarks/kernel-notes.md#nprf-fft).
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, c):
+    def forward(ctx, q, k, v, c, chunk_bytes):
         ctx.save_for_backward(q, k, v, c)
+        ctx.chunk_bytes = chunk_bytes
         out = q.new_zeros(q.shape[0], v.shape[1], q.shape[2])
-        for g, r, h_hat, L in _fft_chunks(q, k, v, c):
+        for g, r, h_hat, L in _fft_chunks(q, k, v, c, chunk_bytes):
             x_hat = torch.fft.rfft(_outer(k[g, r], v[g]), n=L)  # (g, r, E, L//2+1)
             out[g] += _contract(q[g, r], torch.fft.irfft(x_hat.mul_(h_hat), n=L)[..., :q.shape[2]])
         return out
@@ -361,7 +366,7 @@ class _ToeplitzFFT(torch.autograd.Function):
         grad_q, grad_k, grad_v = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         L = _fft_length(2 * S - 1)
         cross = q.new_zeros(q.shape[0], L // 2 + 1, dtype=torch.promote_types(FFT_DTYPE, torch.complex64))
-        for g, r, h_hat, L in _fft_chunks(q, k, v, c):
+        for g, r, h_hat, L in _fft_chunks(q, k, v, c, ctx.chunk_bytes):
             x_hat = torch.fft.rfft(_outer(k[g, r], v[g]), n=L)
             # dq_ir = Σ_e dout_ie (C X)_ire
             y = torch.fft.irfft(x_hat * h_hat, n=L)[..., :N]
@@ -376,19 +381,19 @@ class _ToeplitzFFT(torch.autograd.Function):
                 cross[g] += (a_hat.conj() * x_hat).sum((1, 2))
         cross = torch.fft.irfft(cross, n=L)  # cross[t mod L] for t = −(S−1) … S−1
         grad_c = torch.cat([cross[:, L - S + 1:], cross[:, :S]], dim=-1).to(c.dtype)
-        return grad_q, grad_k, grad_v, grad_c
+        return grad_q, grad_k, grad_v, grad_c, None
 
 
-def _fft_chunks(q, k, v, c):
+def _fft_chunks(q, k, v, c, chunk_bytes):
     """(group slice, feature slice, kernel spectrum ĥ, L) covering all (g, r), each chunk's spectra within
-    FFT_CHUNK_BYTES (one (g, r) unit at least)."""
+    chunk_bytes (one (g, r) unit at least)."""
     G, m, S = k.shape
     E = v.shape[1]
     L = _fft_length(2 * S - 1)
     f = c.to(FFT_DTYPE).flip(-1)  # f[n] = c_{S−1−n}, so h_s = f[S−1+s] for s = −(S−1) … S−1, placed at s mod L
     h_hat = torch.fft.rfft(torch.cat([f[:, S - 1:], f.new_zeros(G, L - 2 * S + 1), f[:, :S - 1]], dim=-1))
     unit = 8 * L * E * h_hat.real.element_size()  # x̂, â, their products and inverse transforms per (g, r)
-    units = max(1, FFT_CHUNK_BYTES // unit)
+    units = max(1, chunk_bytes // unit)
     r_step = min(m, units)
     g_step = max(1, units // m) if r_step == m else 1
     for g0 in range(0, G, g_step):
@@ -434,10 +439,10 @@ def _near(x, n, width):
 class _BandProduct(torch.autograd.Function):
     """out_I = ((q_I k_near(I)ᵀ) ∘ c_near) v_near(I) for every query block I (the band of `_band`).
 
-    Autograd through the same three ops spent more than half its time outside the matrix products (measured at
-    16k tokens: zero-filled full-size gradients for every neighbour slice, the concatenations' backward, the
-    broadcast product's reductions); here the neighbours' gradients are added straight into one buffer and only
-    the scores q kᵀ are kept (the weighted ones are rebuilt).
+    Autograd through the same three ops spent most of its time outside the matrix products (zero-filled
+    full-size gradients for every neighbour slice, the concatenations' backward, the broadcast product's
+    reductions; ../../docs/benchmarks/kernel-notes.md#nprf-band); here the neighbours' gradients are added straight
+    into one buffer and only the scores q kᵀ are kept (the weighted ones are rebuilt).
     """
 
     @staticmethod
@@ -484,10 +489,10 @@ def _band_block(w):
     return -(-(w - 1) // n)
 
 
-def _band(phi_q, phi_k, v1, c, w, is_causal):
+def _band(phi_q, phi_k, v1, c, w, is_causal, P):
     """Band plus constant triangles: exact when c_t = c_{±w} for |t| ≥ w.
 
-    Blocks of P = BAND_BLOCK positions. Key block J = I + d holds offsets j − i in dP ± (P−1), so only the
+    Blocks of P positions. Key block J = I + d holds offsets j − i in dP ± (P−1), so only the
     n = ⌈(w−1)/P⌉ neighbour blocks on each side can hold some |j − i| < w: query block I meets key blocks
     I−n … I+n (causal: I−n … I) with the exact c_{j−i}. Every further block J is at least nP+1 ≥ w away, so its c
     is the constant c_{±w} and its contribution is φ(q̂_i)ᵀ c_{±w} Σ_{j in J} φ(k̂_j)[v_j, 1]ᵀ: prefix sums over
@@ -496,7 +501,6 @@ def _band(phi_q, phi_k, v1, c, w, is_causal):
     """
     B, H, N, m = phi_q.shape
     S, E = phi_k.shape[-2], v1.shape[-1]
-    P = _band_block(w)
     n = max(0, -(-(w - 1) // P))
     nb = -(-N // P)
 

@@ -13,13 +13,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 # the same code in every release the travelling files support (4.57 to 5.23); re-exported for the modeling files.
 from transformers.utils.generic import can_return_tuple  # noqa: F401
 
-
-def is_tracing():
-    """Whether this forward is being traced or compiled (torch.export, torch.onnx, torch.compile, torch.jit.trace).
-
-    A Python branch that reads tensor values must not run then: the graph would keep the one answer of the example
-    inputs (the TorchScript tracer), or the trace fails on it (torch.export, fullgraph compile)."""
-    return torch.jit.is_tracing() or torch.compiler.is_compiling()
+from .attention_masks import allowed_pairs, is_tracing, masked_scores
 
 
 def attention_mask_from(attention_mask, batch, query_length, key_length=None):
@@ -215,39 +209,16 @@ class AutoMapMixin:
         return super().save_pretrained(save_directory, *args, **kwargs)
 
 
-def allowed_pairs(attention_mask, is_causal, query_length, key_length, device):
-    """Which (query, key) pairs may interact: None (all), or a (B or 1, 1, N, S) mask, bool (True = may attend) or
-    additive float (a caller's 4-D mask, as it is). attention_mask: None, bool (B, S) or 4-D, from
-    `attention_mask_from`. Causal masks are bottom-right aligned: with a KV cache the N queries are the last N of
-    the S positions."""
-    if is_full_mask(attention_mask):
-        return attention_mask
-    allowed = None if attention_mask is None else attention_mask[:, None, None, :]
-    if is_causal:
-        causal = torch.ones(query_length, key_length, dtype=torch.bool, device=device).tril(key_length - query_length)
-        allowed = causal if allowed is None else allowed & causal
-    return allowed
-
-
-def masked_scores(scores, allowed):
-    """scores with the pairs `allowed` (from `allowed_pairs`) hides set to the dtype's minimum, or the additive
-    mask added."""
-    if allowed is None:
-        return scores
-    if allowed.dtype == torch.bool:
-        return scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    return scores + allowed.to(scores.dtype)
-
-
 def softmax_attention(module, query, key, value, attention_mask, *, dropout_p=0.0, scale=None, return_weights=False):
     """Stock scaled dot-product attention, the baseline of every family, run the way `module.config.
     _attn_implementation` names, as in stock models: "eager" the explicit form, "sdpa" (the default) torch's fused
     kernel, any other name the function registered under it in transformers' AttentionInterface (flash or flex
     attention, a kernel from the Hub, your own), given the mask in the form its AttentionMaskInterface entry makes.
 
-    query (B, H, N, D), key / value (B, H, S, D); attention_mask: see `allowed_pairs`; `module.is_causal` says
-    whether the attention is causal. Returns (output (B, H, N, D), weights or None). Weights, when asked for, come
-    from the explicit form whatever the implementation (the fallback stock models of transformers 4 made)."""
+    query (B, H, N, D), key / value (B, H, S, D); attention_mask: see `attention_masks.allowed_pairs`;
+    `module.is_causal` says whether the attention is causal. Returns (output (B, H, N, D), weights or None).
+    Weights, when asked for, come from the explicit form whatever the implementation (the fallback stock models of
+    transformers 4 made)."""
     implementation = getattr(module.config, "_attn_implementation", None) or "sdpa"
     is_causal = module.is_causal and not is_full_mask(attention_mask)
     n, s = query.shape[-2], key.shape[-2]

@@ -1,0 +1,52 @@
+"""The plumbing the exact kernels share besides masks: blocks of query rows (how a kernel walks an N x S attention
+matrix without holding all of it) and named backends (which exact path runs a call).
+
+Torch only; this file travels next to the remote-code model files.
+"""
+
+import torch
+
+__all__ = ["autocast_enabled", "resolve_backend", "row_blocks"]
+
+
+def row_blocks(n, s, is_causal, block_rows, keep_empty=False):
+    """(rows, end, lo) per block of `block_rows` query rows, in order: keys :end are all the block's rows may see
+    (causal: query i sees j <= i + s - n, bottom-right aligned), and columns lo:end are hidden from some of them
+    (the block's diagonal tile; lo = end when none is).
+
+    Causal with n > s, the first rows see no key at all: their blocks are left out (their output is zero), or with
+    `keep_empty` kept with one column (end = 1, hidden from every row), so that every row belongs to a block."""
+    for start in range(0, n, block_rows):
+        stop = min(n, start + block_rows)
+        if not is_causal:
+            yield slice(start, stop), s, s
+            continue
+        end = min(s, stop + s - n)
+        if end <= 0 and not keep_empty:
+            continue
+        end = max(1, end)
+        yield slice(start, stop), end, min(end, max(0, start + s - n + 1))
+
+
+def autocast_enabled(device_type):
+    """Whether autocast is on for this device type; False for a device type autocast does not know (e.g. "meta",
+    where shapes are traced without data)."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except RuntimeError:
+        return False
+
+
+def resolve_backend(backend, auto, refusals):
+    """The backend a kernel runs: `auto` (its rule's choice) for backend="auto", else `backend` itself.
+
+    refusals: every backend name -> None where it can run the call, else why it cannot. An unknown name, or one
+    that cannot run the call, is a ValueError naming it and the allowed ones."""
+    if backend == "auto":
+        return auto
+    allowed = ", ".join(repr(name) for name in ("auto", *refusals))
+    if backend not in refusals:
+        raise ValueError(f"unknown backend {backend!r}; allowed: {allowed}")
+    if refusals[backend] is not None:
+        raise ValueError(f"backend {backend!r} cannot run this call: {refusals[backend]} (allowed: {allowed})")
+    return backend
