@@ -90,6 +90,7 @@ def test_whole_model_measurement_uses_the_batch(kind, monkeypatch):
     assert r["flops_fwd"] == r["flops_fwd_bwd"] > r["flops_attn"] > 0  # forward mode: the step is the forward
 
 
+@pytest.mark.slow
 def test_child_process_measures_an_attention_path():
     r = bench.call_child("measure_attention", ["band", 32, False, 2, 1, 1])
     assert "error" not in r, r
@@ -131,6 +132,7 @@ def family_run():
     return out.getvalue(), calls
 
 
+@pytest.mark.slow
 def test_every_measurement_gets_the_batch(family_run):
     _, calls = family_run
     attention = [a for name, a, _ in calls if name == "measure_attention"]
@@ -141,6 +143,7 @@ def test_every_measurement_gets_the_batch(family_run):
     assert all(a[3] == BATCH for a in attention) and all(a[3] == BATCH and a[7] == "forward" for a in models)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_table_is_complete_and_consistent(family_run, causal):
     text, calls = family_run
@@ -171,6 +174,7 @@ def test_attention_table_is_complete_and_consistent(family_run, causal):
         assert re.search(rf"^  {name}: {expected}", block, re.M), (name, expected, block)
 
 
+@pytest.mark.slow
 def test_whole_model_table_is_complete_and_consistent(family_run):
     """The whole models come through main's one table: every (model, N), times and ratios to RoBERTa's."""
     text, _ = family_run

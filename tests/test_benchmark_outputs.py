@@ -54,6 +54,7 @@ def mgk_run(tiny, monkeypatch, tmp_path):
     return out, rows, tiny
 
 
+@pytest.mark.slow
 def test_csv_has_one_row_per_measurement(mgk_run):
     out, rows, calls = mgk_run
     with open(out / "r.csv") as f:
@@ -65,6 +66,7 @@ def test_csv_has_one_row_per_measurement(mgk_run):
     assert all(r["error"] == "" for r in rows)
 
 
+@pytest.mark.slow
 def test_ratios_and_tokens_per_second_follow_from_the_times(mgk_run):
     _, rows, _ = mgk_run
     for r in rows:
@@ -80,6 +82,7 @@ def test_ratios_and_tokens_per_second_follow_from_the_times(mgk_run):
         assert float(r["params_ratio"]) == pytest.approx(int(r["params"]) / int(base["params"]))
 
 
+@pytest.mark.slow
 def test_formula_columns_are_app_b(mgk_run):
     """flops_formula: App. B for the layer x layers x batch (MGK with M = 2 keys, H/2 heads; sMGK: none), and its
     ratio the formula's; the BERT rows' counted attention is the formula plus one addition per product entry
@@ -105,6 +108,7 @@ def test_formula_columns_are_app_b(mgk_run):
         assert 2.5 < int(t["flops_counted"]) / int(r["flops_counted"]) < 3.5
 
 
+@pytest.mark.slow
 def test_markdown_summary_has_every_model_against_its_baseline(mgk_run):
     out, rows, _ = mgk_run
     text = (out / "r.md").read_text()
@@ -123,6 +127,7 @@ def test_markdown_summary_has_every_model_against_its_baseline(mgk_run):
         assert cells["FLOPs x, paper formula"] == ("-" if ratio == "" else f"{float(ratio):.2f}")
 
 
+@pytest.mark.slow
 def test_figures_are_written(mgk_run):
     out, _, _ = mgk_run
     names = sorted(p.name for p in (out / "figs").iterdir())

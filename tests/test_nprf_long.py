@@ -29,6 +29,8 @@ def _path(n, config):
                                          max_distance=w, return_weights=False, mask=None)
 
 
+pytestmark = pytest.mark.slow  # sequences of 8k and 16k tokens, and short trainings
+
 def test_16k_tokens_forward_backward_causal_prefix_and_no_leak():
     """16384 tokens, batch 1, no absolute positions: forward and backward are finite; the first 256 outputs equal
     a 256-token run (band path vs explicit path, and nothing from the later 16k tokens leaks in); the gradient of
