@@ -46,6 +46,7 @@ def test_tokenizer_folders_are_gpt2s_bpe():
     assert roberta.mask_token_id == 50261
 
 
+@pytest.mark.slow  # python -m hf_mgk in child processes
 def test_command_line_prints_paths_the_scripts_take(tmp_path):
     import subprocess
     import sys
