@@ -2,6 +2,7 @@
 
 import csv
 import os
+
 import pytest
 
 from hf_mgk import bundled
