@@ -218,6 +218,7 @@ def common_args(args, output_dir):
             str(args.batch_size), "--per_device_eval_batch_size", str(2 * args.batch_size), "--learning_rate",
             str(args.learning_rate), "--warmup_steps", "0.1", "--logging_steps", "10", "--save_strategy", "no",
             "--report_to", "none", "--do_train", "--do_eval",
+            "--log_level", "warning",  # the stages run in this process: keep its output to progress and the table
             "--dataloader_pin_memory", str(torch.cuda.is_available())]  # pinning is for copies to a GPU
 
 
