@@ -39,7 +39,7 @@ __all__ = ["BACKENDS", "choose_backend", "fish_attention", "make_gfish_mixing"]
 
 BACKENDS = ("fused", "recomputed", "blocked")
 # Query rows per block of the blocked and recomputed paths; bounds the memory without autograd to B*H*rows*S
-# scores (../../docs/benchmarks/kernel-notes.md#fish-block-rows).
+# scores (hf-mgk's docs/benchmarks/kernel-notes.md#fish-block-rows).
 BLOCK_ROWS = 128
 # The recomputed path keeps its blocks' scores and weights for backward while they take at most this many bytes
 # per call (see _recomputed_attention).
@@ -54,7 +54,7 @@ def choose_backend(*, mixing, noise, dropout, return_weights, device_type, dtype
     there, not the hand-written backward, whose in-place block writes the TorchScript-based ONNX exporter
     mistranslates).
 
-    Every backend is exact; the rule is about speed and memory (../../docs/benchmarks/kernel-notes.md#fish-path-rule):
+    Every backend is exact; the rule is about speed and memory (hf-mgk's docs/benchmarks/kernel-notes.md#fish-path-rule):
     * no dropout or weights, an (M, H) tensor without noise, no autograd or on an accelerator: fused (flash
       kernels, O(N) memory);
     * with autograd, float32/64 outside autocast: an (M, H) tensor, MiSH with noise, and on the CPU the GFiSH
@@ -221,7 +221,7 @@ def _recomputed_attention(query, key, value, mixing, scale, noise_std, eps, atte
     take at most `keep_bytes` per call (faster), else recomputed per block like flash attention, so memory stays
     O(N) at any length. Against autograd through _blocked_attention it also avoids the per-block zero-filled
     full-size gradients of the K and V slices and keeps fewer score-sized tensors: far fewer memory passes
-    (timings: ../../docs/benchmarks/kernel-notes.md#fish-recomputed-path).
+    (timings: hf-mgk's docs/benchmarks/kernel-notes.md#fish-recomputed-path).
     """
     B, M, N, _ = query.shape
     S, H = key.shape[2], value.shape[1]
@@ -262,7 +262,7 @@ def _mix(p, g, out=None):
 
 class _Scratch:
     """Reused buffers for a call's per-block temporaries, instead of a new tensor per block (causal blocks grow by a
-    tile each, so the allocator rarely reuses a freed one; ../../docs/benchmarks/kernel-notes.md#fish-scratch).
+    tile each, so the allocator rarely reuses a freed one; hf-mgk's docs/benchmarks/kernel-notes.md#fish-scratch).
     Each buffer is sized once for the largest block (rows x all keys)."""
 
     def __init__(self, rows, keys):
@@ -403,7 +403,7 @@ def _fused_attention(query, key, value, p, scale, attention_mask, is_causal):
     A_j = sum_k p_kj scale Q_k K_k^T = concat_k(p_kj scale Q_k) @ concat_k(K_k)^T, so local head j is
     ordinary attention with query head size M*D; the key is the same for all local heads (an expand, no
     copy). PyTorch's CPU flash kernel runs only when q/k and v have one head size (otherwise a slower math
-    path: ../../docs/benchmarks/kernel-notes.md#fish-path-rule), so the smaller side is padded with zeros, which
+    path: hf-mgk's docs/benchmarks/kernel-notes.md#fish-path-rule), so the smaller side is padded with zeros, which
     changes no dot product, and the output is sliced back to Dv.
     """
     B, M, N, D = query.shape

@@ -43,10 +43,10 @@ __all__ = [
 
 BACKENDS = ("dense", "sdpa", "blocked")
 MLK_BACKENDS = ("dense", "linear")
-# Query rows per block of the blocked path (../../docs/benchmarks/kernel-notes.md#mgk-blocked-path).
+# Query rows per block of the blocked path (hf-mgk's docs/benchmarks/kernel-notes.md#mgk-blocked-path).
 BLOCK_ROWS = 128
 # The blocked path keeps its block probabilities for backward while they take at most this many bytes per call
-# (faster: ../../docs/benchmarks/kernel-notes.md#mgk-blocked-path); above it they are recomputed (O(N) memory).
+# (faster: hf-mgk's docs/benchmarks/kernel-notes.md#mgk-blocked-path); above it they are recomputed (O(N) memory).
 KEEP_BYTES = 2**28
 # The blocked path redoes a block with its rows' maxima subtracted when a row's sum of kernel terms falls below this
 # (section "blocked path").
@@ -64,7 +64,7 @@ def choose_backend(*, e_step, return_weights, device_type, dtype, autocast, trac
     none, not traced: its Python loop reads tensor values) the blocked path, with or without autograd, so that
     training and evaluation compute bit for bit the same function. Elsewhere (accelerators, half precision,
     autocast) the soft E-step as one SDPA call, the hard E-step in the dense form.
-    Why (timings): ../../docs/benchmarks/kernel-notes.md#mgk-path-rule."""
+    Why (timings): hf-mgk's docs/benchmarks/kernel-notes.md#mgk-path-rule."""
     if return_weights:
         return "dense"
     if (device_type == "cpu" and dtype in (torch.float32, torch.float64) and not autocast and not tracing
@@ -202,7 +202,7 @@ def _mgk_soft_sdpa(query, keys, value, var, log_prior, attention_mask, is_causal
 #     each. With different sigma_r the per-query terms |q_i - b_r|^2 differ per key and do not cancel in the
 #     softmax over j; they are kept exactly. Backward on dG = sum_r s_r dL_r (dq, dk); the row and column sums of
 #     each dL_r give the x and y parts (dq, dk, shifts, prior).
-# What each costs per (query, key) pair, against SDPA: ../../docs/benchmarks/kernel-notes.md#mgk-blocked-path.
+# What each costs per (query, key) pair, against SDPA: hf-mgk's docs/benchmarks/kernel-notes.md#mgk-blocked-path.
 
 
 def _fold(op, tensors):

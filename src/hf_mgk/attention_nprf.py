@@ -22,7 +22,7 @@ them, all giving the same function (tests check outputs and gradients against th
 `choose_backend` picks one for backend="auto": explicit for the weights, a pair mask or N ≠ S; band where it
 applies and its band is narrower than the sequence (2w + 3P < N, P the band block), or where the explicit weights
 would not fit (B·H·N·S > explicit_max_weights); else explicit while it fits, fft beyond. Memory decides between
-explicit and fft, not speed (timings: ../../docs/benchmarks/kernel-notes.md#nprf-path-rule).
+explicit and fft, not speed (timings: hf-mgk's docs/benchmarks/kernel-notes.md#nprf-path-rule).
 
 Exactness conventions (none changes Eq. 10):
   * φ is shifted by constants that cancel in the ratio: 1/√m is dropped, each query's features are divided by
@@ -64,11 +64,11 @@ BACKENDS = ("explicit", "fft", "band")
 # hardware. Largest B·H·N·S for the explicit path when the band path does not apply: 256 MiB per float32 N×S tensor.
 EXPLICIT_MAX_WEIGHTS = 2**26
 # Target band block length. The block actually used divides the band evenly (`_band_block`): shorter blocks
-# waste less band, longer ones make better matmuls (../../docs/benchmarks/kernel-notes.md#nprf-path-rule).
+# waste less band, longer ones make better matmuls (hf-mgk's docs/benchmarks/kernel-notes.md#nprf-path-rule).
 BAND_BLOCK = 64
 # FFT precision. FFT round-off is absolute, set by the largest terms (the largest c, φ ≥ 0 piling up at frequency
 # 0), so a row whose own terms are all small loses its relative precision: early causal rows (a few keys) when b
-# spans several nats (../../docs/benchmarks/kernel-notes.md#nprf-fft-precision). Float32 (never less) may be set here
+# spans several nats (hf-mgk's docs/benchmarks/kernel-notes.md#nprf-fft-precision). Float32 (never less) may be set here
 # for speed where b's range is small.
 FFT_DTYPE = torch.float64
 # Working memory of one FFT chunk (the channels' spectra); backward recomputes them chunk by chunk.
@@ -345,7 +345,7 @@ class _ToeplitzFFT(torch.autograd.Function):
     linear convolution, done circularly with length L ≥ 2S−1 so that offsets −(S−1) … S−1 never wrap onto each
     other. A hand-written backward uses the adjoints (the transposed Toeplitz product has spectrum conj(ĥ);
     the gradient of c is a cross-correlation) and recomputes the channels chunk by chunk: nothing of size
-    m·E·L is stored (faster than autograd plus checkpointing; ../../docs/benchmarks/kernel-notes.md#nprf-fft).
+    m·E·L is stored (faster than autograd plus checkpointing; hf-mgk's docs/benchmarks/kernel-notes.md#nprf-fft).
     """
 
     @staticmethod
@@ -441,7 +441,7 @@ class _BandProduct(torch.autograd.Function):
 
     Autograd through the same three ops spent most of its time outside the matrix products (zero-filled
     full-size gradients for every neighbour slice, the concatenations' backward, the broadcast product's
-    reductions; ../../docs/benchmarks/kernel-notes.md#nprf-band); here the neighbours' gradients are added straight
+    reductions; hf-mgk's docs/benchmarks/kernel-notes.md#nprf-band); here the neighbours' gradients are added straight
     into one buffer and only the scores q kᵀ are kept (the weighted ones are rebuilt).
     """
 
