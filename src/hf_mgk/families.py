@@ -113,9 +113,4 @@ def family_of_attention(stock):
     return {attention: names[0] for attention, names in owners.items() if len(names) == 1}
 
 
-def family_of(config):
-    """The Family of a configuration (or a model_type string); KeyError for a model type not of this package."""
-    return FAMILIES[config if isinstance(config, str) else config.model_type]
-
-
-__all__ = ["FAMILIES", "Family", "STOCK_FAMILIES", "TASK_AUTO", "TASK_NAMES", "family_of", "family_of_attention"]
+__all__ = ["FAMILIES", "Family", "STOCK_FAMILIES", "TASK_AUTO", "TASK_NAMES", "family_of_attention"]
