@@ -202,6 +202,19 @@ def test_kept_heads_are_logged_and_returned(tmp_path, warnings_logged):
     assert info["kept_heads"] == [[0, 1], [0, 1]] and model.config.num_attention_heads == 2
 
 
+def test_every_family_warm_starts_through_one_protocol(tmp_path, warnings_logged):
+    """Both stacks run WarmStartMixin's from_pretrained (their hooks differ, not the protocol): the same report,
+    and nothing to report when every checkpoint head is kept in order, on either stack."""
+    from hf_mgk.families import FAMILIES
+    from hf_mgk.modeling_warm_start import WarmStartMixin
+
+    for family in FAMILIES.values():
+        assert family.pretrained_class.from_pretrained.__func__ is WarmStartMixin.from_pretrained.__func__, family
+    _, folder = stock_folder(tmp_path, "bert")
+    _, info = MGKBertModel.from_pretrained(folder, keep_heads=[0, 1, 2, 3], output_loading_info=True)
+    assert info["kept_heads"] == [[0, 1, 2, 3]] * 2 and not any("kept heads" in m for m in warnings_logged())
+
+
 def test_same_heads_load_as_before(tmp_path, warnings_logged):
     """No selection asked (or the checkpoint's own count): HF's loading, untouched, and nothing reported."""
     stock, folder = stock_folder(tmp_path, "bert")

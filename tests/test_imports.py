@@ -4,6 +4,8 @@ training or reproduction code (which import hf_mgk themselves)."""
 import subprocess
 import sys
 
+import pytest
+
 
 def test_importing_the_package_loads_no_tooling():
     code = ("import sys, hf_mgk; tooling = sorted(m for m in sys.modules if m.split('.')[:2] in "
@@ -21,3 +23,36 @@ def test_the_publishing_modules_each_have_one_job():
     assert hub.push_folder is upload.push_folder and hub.check_remote_code is remote_code.check_remote_code
     # the card is a function of the numbers: it reads no run folder and writes nothing (export does both)
     assert not {"shutil", "tempfile", "json"} & set(card.__dict__) and "read_run" not in card.__dict__
+
+
+def _public_definitions(module):
+    """The names a module defines at top level (functions, classes, assigned constants), not the ones it imports."""
+    import ast
+    import inspect
+
+    names = []
+    for node in ast.parse(inspect.getsource(module)).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign):
+            names += [t.id for t in node.targets if isinstance(t, ast.Name)]
+    return {n for n in names if not n.startswith("_") and n not in ("logger", "__all__")}
+
+
+@pytest.mark.parametrize("package", ["hf_mgk.hub", "hf_mgk.training"])
+def test_each_package_exports_exactly_what_its_modules_define(package):
+    """The packages gather their modules' `__all__`; each `__all__` lists every public name its module defines and
+    nothing else, so a new function is exported (or made private) on purpose, and the lists cannot drift."""
+    import importlib
+    import pkgutil
+
+    pkg = importlib.import_module(package)
+    modules = [importlib.import_module(f"{package}.{m.name}") for m in pkgutil.iter_modules(pkg.__path__)]
+    gathered = []
+    for module in modules:
+        assert set(module.__all__) == _public_definitions(module), module.__name__
+        gathered += module.__all__
+        for name in module.__all__:
+            assert getattr(pkg, name) is getattr(module, name), (package, name)
+    assert len(gathered) == len(set(gathered)), "two modules export one name"
+    assert sorted(pkg.__all__) == sorted(gathered)

@@ -44,7 +44,7 @@ from .modeling_common import (
     run_layers,
 )
 from .modeling_heads import CausalLMHeadMixin
-from .modeling_warm_start import hub_kwargs, report_kept_heads, resolve_keep_heads, single_device
+from .modeling_warm_start import WarmStartMixin, WarmStartPlan, hub_kwargs, resolve_keep_heads
 from .transformers_compat import PreTrainedConfig, TiedParametersCompat, init
 
 
@@ -104,9 +104,10 @@ STOCK_C_ATTN = re.compile(r"(?:^|\.)h\.(\d+)\.attn\.c_attn\.(weight|bias)$")
 STOCK_C_PROJ = re.compile(r"(?:^|\.)h\.(\d+)\.attn\.c_proj\.weight$")
 
 
-class DecoderPreTrainedModel(AutoMapMixin, AttentionImplementationMixin, TiedParametersCompat, PreTrainedModel):
-    """What every decoder family shares: GPT-2's initialisation and loading rules, and `from_pretrained` of a stock
-    GPT-2 checkpoint (model_type "gpt2") converted to the family.
+class DecoderPreTrainedModel(WarmStartMixin, AutoMapMixin, AttentionImplementationMixin, TiedParametersCompat,
+                             PreTrainedModel):
+    """What every decoder family shares: GPT-2's initialisation and loading rules, and the warm start from a stock
+    GPT-2 checkpoint (model_type "gpt2") converted to the family (`WarmStartMixin`'s protocol, the hooks below).
 
     Class attributes of a family: `config_class`; `attention_class`; `_family_fields` (its config fields that
     `GPT2Config` lacks, plus any GPT-2 field that the conversion decides, such as the head count); `_head_count`
@@ -123,7 +124,6 @@ class DecoderPreTrainedModel(AutoMapMixin, AttentionImplementationMixin, TiedPar
     _family_fields = ()
     _head_count = None
     _new_parameters = ()
-    _kept_heads_note = ""
     _kept_heads_condition = ""  # when a stock checkpoint is converted, in words, for the keep_heads error
 
     @torch.no_grad()
@@ -159,71 +159,62 @@ class DecoderPreTrainedModel(AutoMapMixin, AttentionImplementationMixin, TiedPar
         raise NotImplementedError
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *args, keep_heads=None, **kwargs):
-        """As HF's, plus: a stock GPT-2 checkpoint (model_type "gpt2") is converted to this family (see
-        `_convert_stock_state`), keeping its first heads or those listed in `keep_heads` (one list for every
-        layer, or one list per layer). Which heads were kept is logged and, with output_loading_info=True,
-        returned as loading_info["kept_heads"] (one list per layer). Config fields (attention_type=..., ...) may
-        be passed as keywords; `dtype` is honoured, `device_map` only as a single device."""
-        config_dict = {}  # None: no checkpoint to read (weights from `state_dict=`, config from `config=`)
-        if pretrained_model_name_or_path is not None:
-            config_dict, _ = PreTrainedConfig.get_config_dict(pretrained_model_name_or_path, **hub_kwargs(kwargs))
-        if config_dict.get("model_type") != "gpt2" or not cls._converts_stock(kwargs):
+    def _warm_start_plan(cls, path, keep_heads, kwargs):
+        """A stock GPT-2 checkpoint (model_type "gpt2") is converted to this family (see `_convert_stock_state`),
+        keeping its first heads or those listed in `keep_heads`; anything else loads as HF loads it. Config
+        fields (attention_type=..., ...) may be passed as keywords; `dtype` is honoured."""
+        checkpoint = {}  # None: no checkpoint to read (weights from `state_dict=`, config from `config=`)
+        if path is not None:
+            checkpoint, _ = PreTrainedConfig.get_config_dict(path, **hub_kwargs(kwargs))
+        if checkpoint.get("model_type") != "gpt2" or not cls._converts_stock(kwargs):
             if keep_heads is not None:
                 raise ValueError(
                     f"keep_heads chooses which heads of a stock GPT-2 checkpoint {cls.__name__} keeps; it applies "
                     f"only when converting one (model_type 'gpt2'{cls._kept_heads_condition})"
                 )
-            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
-        return _from_stock_gpt2(cls, pretrained_model_name_or_path, config_dict, kwargs, keep_heads)
+            return None
+        if "num_attention_heads" in kwargs:  # GPT-2's attribute name for n_head, as users may spell it
+            kwargs["n_head"] = kwargs.pop("num_attention_heads")
+        n_layer = checkpoint.get("n_layer", 12)  # the checkpoint's (GPT-2 defaults)
+        n_head, d = checkpoint.get("n_head", 12), checkpoint.get("n_embd", 768)
+        count = kwargs.get(cls._head_count)
+        if count is None and keep_heads is None:
+            count = cls._default_head_count(n_head)
+        kept = resolve_keep_heads(keep_heads, n_layer, n_head, count, cls._head_count)  # before reading weights
+        return WarmStartPlan(kept, n_head, d // n_head, checkpoint)
 
+    @classmethod
+    def _warm_start_load(cls, path, args, plan, kwargs):
+        """Load the checkpoint with the stock class of the same head (so HF drops, keeps or initialises head weights
+        exactly as it does between stock GPT-2 heads), then convert its weights into `cls`."""
+        import transformers
 
-def _from_stock_gpt2(cls, path, config_dict, kwargs, keep_heads=None):
-    """Load the checkpoint with the stock class of the same head (so HF drops, keeps or initialises head weights
-    exactly as it does between stock GPT-2 heads), then convert its weights into `cls`."""
-    import transformers
-
-    if "num_attention_heads" in kwargs:  # GPT-2's attribute name for n_head, as users may spell it
-        kwargs["n_head"] = kwargs.pop("num_attention_heads")
-    family_kwargs = {k: kwargs[k] for k in cls._family_fields if k in kwargs}
-    stock_kwargs = {k: v for k, v in kwargs.items() if k not in cls._family_fields}
-    device = single_device(stock_kwargs.pop("device_map", None))
-    output_loading_info = stock_kwargs.pop("output_loading_info", False)
-    n_layer = config_dict.get("n_layer", 12)  # the checkpoint's (GPT-2 defaults)
-    n_head, d = config_dict.get("n_head", 12), config_dict.get("n_embd", 768)
-    stock_dim = d // n_head
-    count = family_kwargs.get(cls._head_count)
-    if count is None and keep_heads is None:
-        count = cls._default_head_count(n_head)
-    kept = resolve_keep_heads(keep_heads, n_layer, n_head, count, cls._head_count)  # checked before reading weights
-    family_kwargs[cls._head_count] = len(kept[0])
-    if cls._head_count == "n_head" and len(kept[0]) != n_head:
-        family_kwargs.setdefault("head_dim", stock_dim)  # fewer heads keep their size, as in the encoder families
-    stock, info = getattr(transformers, cls._stock_gpt2_class).from_pretrained(path, output_loading_info=True,
-                                                                                **stock_kwargs)
-    keep = set(transformers.GPT2Config().to_dict()) - {"model_type", "architectures", "auto_map", "_name_or_path",
-                                                       "transformers_version"}  # the fields (a dataclass only on v5)
-    base = {k: v for k, v in stock.config.to_dict().items() if k in keep}
-    config = cls.config_class(**{**base, **family_kwargs})
-    if config.attention_head_size != stock_dim or config.n_embd != d:
-        raise ValueError(
-            f"cannot convert a GPT-2 checkpoint with heads of size {stock_dim} and n_embd={d} into "
-            f"head_dim={config.attention_head_size}, n_embd={config.n_embd}: keep the checkpoint's head size and width"
-        )
-    model = cls._from_config(config, dtype=stock.dtype)  # stock.dtype: the `dtype` asked for, or "auto"'s
-    state = cls._convert_stock_state(stock.state_dict(), config, kept, stock_dim)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if unexpected or any(not any(s in k for s in cls._new_parameters) for k in missing):
-        raise RuntimeError(f"GPT-2 conversion left unexpected {unexpected} / missing {missing} weights")
-    model.tie_weights()
-    if any(heads != list(range(n_head)) for heads in kept):  # heads chosen: say which (every head kept: nothing to say)
-        report_kept_heads(cls.__name__, path, kept, n_head, cls._kept_heads_note)
-    model = (model if device is None else model.to(device)).eval()
-    if not output_loading_info:
-        return model
-    # As HF reports it: the family's own parameters are not in the checkpoint.
-    info = dict(info, missing_keys=set(info["missing_keys"]) | set(missing), kept_heads=kept)
-    return model, info
+        family_kwargs = {k: kwargs[k] for k in cls._family_fields if k in kwargs}
+        stock_kwargs = {k: v for k, v in kwargs.items() if k not in cls._family_fields}
+        family_kwargs[cls._head_count] = len(plan.kept[0])
+        if cls._head_count == "n_head" and len(plan.kept[0]) != plan.available:
+            family_kwargs.setdefault("head_dim", plan.head_dim)  # fewer heads keep their size, as in the encoders
+        stock, info = getattr(transformers, cls._stock_gpt2_class).from_pretrained(path, output_loading_info=True,
+                                                                                    **stock_kwargs)
+        keep = set(transformers.GPT2Config().to_dict()) - {"model_type", "architectures", "auto_map", "_name_or_path",
+                                                           "transformers_version"}  # the fields (a dataclass only on v5)
+        base = {k: v for k, v in stock.config.to_dict().items() if k in keep}
+        config = cls.config_class(**{**base, **family_kwargs})
+        d = plan.checkpoint.get("n_embd", 768)
+        if config.attention_head_size != plan.head_dim or config.n_embd != d:
+            raise ValueError(
+                f"cannot convert a GPT-2 checkpoint with heads of size {plan.head_dim} and n_embd={d} "
+                f"into head_dim={config.attention_head_size}, n_embd={config.n_embd}: keep the checkpoint's head size "
+                "and width"
+            )
+        model = cls._from_config(config, dtype=stock.dtype)  # stock.dtype: the `dtype` asked for, or "auto"'s
+        state = cls._convert_stock_state(stock.state_dict(), config, plan.kept, plan.head_dim)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if unexpected or any(not any(s in k for s in cls._new_parameters) for k in missing):
+            raise RuntimeError(f"GPT-2 conversion left unexpected {unexpected} / missing {missing} weights")
+        model.tie_weights()
+        # As HF reports it: the family's own parameters are not in the checkpoint.
+        return model, dict(info, missing_keys=set(info["missing_keys"]) | set(missing))
 
 
 class DecoderModelMixin:

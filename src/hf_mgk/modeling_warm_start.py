@@ -4,14 +4,16 @@ The MGK paper's smaller models (App. B: e.g. 6 MGK heads in place of BERT's 12) 
 silently re-initialising Q/K/V and the output projection would throw the pretrained attention away. Here the
 kept heads are the first H' of the checkpoint or a given list (`keep_heads`), their query/key/value rows and the
 matching columns of the output projection are copied, the head size stays the checkpoint's, and what was kept
-is logged and returned in `loading_info["kept_heads"]`. Used by the BERT/RoBERTa encoder families
-(`HeadSelectionMixin`); the GPT-2 families' conversion (modeling_decoder) shares the head choice and its report.
+is logged and returned in `loading_info["kept_heads"]`. One protocol (`WarmStartMixin`) for both stacks: the
+BERT/RoBERTa encoder families select heads of a checkpoint of their own stack (`HeadSelectionMixin`); the GPT-2
+families convert a stock GPT-2 checkpoint (modeling_decoder's hooks).
 Imports torch, transformers and siblings only (remote code).
 """
 
 import copy
 import operator
 import re
+from dataclasses import dataclass, field
 
 import torch
 from transformers.utils import logging
@@ -125,8 +127,61 @@ ENCODER_HEAD_TENSORS = {
 _LAYER = re.compile(r"(?:^|\.)encoder\.layer\.(\d+)\.")
 
 
-class HeadSelectionMixin:
-    """`from_pretrained` of the BERT/RoBERTa encoder families, plus head selection.
+@dataclass
+class WarmStartPlan:
+    """What a conversion keeps, decided from the checkpoint's config before any weight is read."""
+
+    kept: list  # the checkpoint heads kept, one list per layer (new head i = checkpoint head kept[layer][i])
+    available: int  # the checkpoint's heads per layer
+    head_dim: int  # the checkpoint's head size, which the kept heads keep
+    checkpoint: dict = field(default_factory=dict)  # the checkpoint's config.json, as read
+
+
+class WarmStartMixin:
+    """One `from_pretrained` protocol for every family that converts a checkpoint, with a choice of its heads.
+
+    `from_pretrained(path, ..., keep_heads=None, ...)` asks the family two things:
+    - `_warm_start_plan(path, keep_heads, kwargs)`: a `WarmStartPlan` when the checkpoint is to be converted
+      (read from its config alone, so a bad `keep_heads` fails before any weight is read), or None: HF's
+      `from_pretrained` unchanged. It may rename keywords in `kwargs` (the family's spelling of a field);
+    - `_warm_start_load(path, args, plan, kwargs)`: the converted model and HF's loading info for it.
+    Then, for every family alike: `device_map` as one device, eval mode, the kept heads logged (when they are
+    not all of the checkpoint's, in order; `_kept_heads_note` says what they became) and returned as
+    loading_info["kept_heads"] with output_loading_info=True."""
+
+    _kept_heads_note = ""
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, keep_heads=None, **kwargs):
+        plan = cls._warm_start_plan(pretrained_model_name_or_path, keep_heads, kwargs)
+        if plan is None:
+            return cls._hf_from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        output_loading_info = kwargs.pop("output_loading_info", False)
+        device = single_device(kwargs.pop("device_map", None))
+        model, info = cls._warm_start_load(pretrained_model_name_or_path, args, plan, kwargs)
+        model = (model if device is None else model.to(device)).eval()
+        if any(heads != list(range(plan.available)) for heads in plan.kept):  # every head kept: nothing to say
+            report_kept_heads(cls.__name__, pretrained_model_name_or_path, plan.kept, plan.available,
+                              cls._kept_heads_note)
+        info["kept_heads"] = plan.kept
+        return (model, info) if output_loading_info else model
+
+    @classmethod
+    def _hf_from_pretrained(cls, *args, **kwargs):
+        """HF's `from_pretrained` of `cls`, for the hooks' own loading of a checkpoint as it is."""
+        return super(WarmStartMixin, cls).from_pretrained(*args, **kwargs)
+
+    @classmethod
+    def _warm_start_plan(cls, path, keep_heads, kwargs):
+        raise NotImplementedError
+
+    @classmethod
+    def _warm_start_load(cls, path, args, plan, kwargs):
+        raise NotImplementedError
+
+
+class HeadSelectionMixin(WarmStartMixin):
+    """The warm start of the BERT/RoBERTa encoder families: head selection from a checkpoint of the same stack.
 
     `from_pretrained(path, num_attention_heads=H', keep_heads=None, ...)` on a checkpoint whose model_type is the
     stock one (`_stock_model_type`) or this family's, with H' fewer than the checkpoint's heads (or with
@@ -137,59 +192,49 @@ class HeadSelectionMixin:
 
     _stock_model_type: str = None
     _head_tensors = ENCODER_HEAD_TENSORS
+    _kept_heads_note = "(their query/key/value rows and attention.output.dense columns; the other heads dropped)"
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *args, keep_heads=None, **kwargs):
-        plan = cls._head_selection_plan(pretrained_model_name_or_path, keep_heads, kwargs)
-        if plan is None:
-            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
-        kept, available, head_dim = plan
-        output_loading_info = kwargs.pop("output_loading_info", False)
-        device = single_device(kwargs.pop("device_map", None))
+    def _warm_start_load(cls, path, args, plan, kwargs):
         full_kwargs = dict(kwargs, output_loading_info=True)
         given = kwargs.get("config")
         if isinstance(given, PreTrainedConfig):
             full_kwargs["config"] = copy.deepcopy(given)
-            full_kwargs["config"].num_attention_heads, full_kwargs["config"].head_dim = available, head_dim
+            full_kwargs["config"].num_attention_heads, full_kwargs["config"].head_dim = plan.available, plan.head_dim
         else:
-            full_kwargs.update(num_attention_heads=available, head_dim=head_dim)
-        full, info = super().from_pretrained(pretrained_model_name_or_path, *args, **full_kwargs)
+            full_kwargs.update(num_attention_heads=plan.available, head_dim=plan.head_dim)
+        full, info = cls._hf_from_pretrained(path, *args, **full_kwargs)  # at the checkpoint's head count
 
         config = copy.deepcopy(full.config)
-        config.num_attention_heads, config.head_dim = len(kept[0]), head_dim
+        config.num_attention_heads, config.head_dim = len(plan.kept[0]), plan.head_dim
         model = cls._from_config(config, dtype=full.dtype)
         fresh = set(info["missing_keys"])  # initialised, not loaded: any slice of them is an initialisation too
         # strict: a per-head tensor missing from `_head_tensors` would fail here on its shape, not load silently
-        model.load_state_dict(cls._slice_heads(full.state_dict(), kept, head_dim, fresh))
+        model.load_state_dict(cls._slice_heads(full.state_dict(), plan.kept, plan.head_dim, fresh))
         if model.can_generate():
             model.generation_config = full.generation_config
-        del full
-        model = (model if device is None else model.to(device)).eval()
-        report_kept_heads(cls.__name__, pretrained_model_name_or_path, kept, available,
-                          "(their query/key/value rows and attention.output.dense columns; the other heads dropped)")
-        info["kept_heads"] = kept
-        return (model, info) if output_loading_info else model
+        return model, info
 
     @classmethod
-    def _head_selection_plan(cls, path, keep_heads, kwargs):
-        """(kept heads per layer, checkpoint heads, head size) when heads are to be selected, else None."""
+    def _warm_start_plan(cls, path, keep_heads, kwargs):
+        """The plan when heads are to be selected, else None."""
         given = kwargs.get("config")
         given = given if isinstance(given, PreTrainedConfig) else None
         count = given.num_attention_heads if given is not None else kwargs.get("num_attention_heads")
         if keep_heads is None and count is None:
             return None
-        ckpt = None
+        checkpoint = None
         if path is not None:
-            ckpt, _ = PreTrainedConfig.get_config_dict(path, **hub_kwargs(kwargs))
-        if ckpt is None or ckpt.get("model_type") not in (cls._stock_model_type, cls.config_class.model_type):
+            checkpoint, _ = PreTrainedConfig.get_config_dict(path, **hub_kwargs(kwargs))
+        if checkpoint is None or checkpoint.get("model_type") not in (cls._stock_model_type, cls.config_class.model_type):
             if keep_heads is None:
                 return None
-            found = "no checkpoint" if ckpt is None else f"a {ckpt.get('model_type')!r} checkpoint"
+            found = "no checkpoint" if checkpoint is None else f"a {checkpoint.get('model_type')!r} checkpoint"
             raise ValueError(
                 f"keep_heads selects heads of a {cls._stock_model_type!r} or {cls.config_class.model_type!r} "
                 f"checkpoint; {cls.__name__}.from_pretrained was given {found}"
             )
-        ckpt = cls.config_class.from_dict(ckpt)  # fills the fields config.json leaves at their defaults
+        ckpt = cls.config_class.from_dict(checkpoint)  # fills the fields config.json leaves at their defaults
         available, head_dim = ckpt.num_attention_heads, ckpt.attention_head_size
         if given is not None and count == available:
             count = None  # the checkpoint's own config (as Auto classes pass it): the count comes from keep_heads
@@ -201,7 +246,8 @@ class HeadSelectionMixin:
                 f"head_dim={asked_dim} differs from the checkpoint's head size {head_dim}: keeping a subset of its "
                 "heads keeps their size (leave head_dim unset)"
             )
-        return resolve_keep_heads(keep_heads, ckpt.num_hidden_layers, available, count), available, head_dim
+        kept = resolve_keep_heads(keep_heads, ckpt.num_hidden_layers, available, count)
+        return WarmStartPlan(kept, available, head_dim, checkpoint)
 
     @classmethod
     def _slice_heads(cls, state, kept, head_dim, fresh=()):

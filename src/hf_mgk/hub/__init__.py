@@ -5,13 +5,10 @@ tokenizer, a model card with the run's own metrics), its upload, and the proof t
 One job per module: `card` (the model card, pure functions of the run's numbers), `export` (the folder),
 `upload` (to the Hub), `remote_code` (loading without hf_mgk). Their public names are gathered here."""
 
-from .card import ATTENTION_FIELDS, PIPELINES, TESTED_TRANSFORMERS, auto_class_of, card_data, card_metrics, \
-    is_hub_id, model_card, usage_snippet
-from .export import DEFAULT_REVISION, EXPORT_MARKER, export_run, read_run, save_for_hub
-from .remote_code import CHECK_TEXT, assert_same_outputs, check_remote_code, clean_python, run_without_package
-from .upload import network_errors, push_folder, upload_plan
+from . import card, export, remote_code, upload
+from .card import *  # noqa: F401,F403 (its __all__)
+from .export import *  # noqa: F401,F403 (its __all__)
+from .remote_code import *  # noqa: F401,F403 (its __all__)
+from .upload import *  # noqa: F401,F403 (its __all__)
 
-__all__ = ["ATTENTION_FIELDS", "CHECK_TEXT", "DEFAULT_REVISION", "EXPORT_MARKER", "PIPELINES", "TESTED_TRANSFORMERS",
-           "assert_same_outputs", "auto_class_of", "card_data", "card_metrics", "check_remote_code", "clean_python",
-           "export_run", "is_hub_id", "model_card", "network_errors", "push_folder", "read_run", "run_without_package",
-           "save_for_hub", "upload_plan", "usage_snippet"]
+__all__ = [*card.__all__, *export.__all__, *remote_code.__all__, *upload.__all__]

@@ -261,3 +261,7 @@ def model_card(model, run=None, repo_id=None, revision=None):
         "results": _results_section(run),
     })
     return f"---\n{card_data(model, run, repo_id).to_yaml()}\n---\n{text}"
+
+
+__all__ = ["PIPELINES", "ATTENTION_FIELDS", "card_metrics", "is_hub_id", "auto_class_of", "TESTED_TRANSFORMERS",
+           "usage_snippet", "card_data", "model_card"]

@@ -248,3 +248,6 @@ def _keep_edited_card(folder, previous, card_sha256):
         "(the run's metrics, --revision_tag or --hub_model_id changed): nothing was written. Copy your edits, "
         "then pass --overwrite (overwrite=True) to replace the folder's contents with the new export, or export "
         "into another --output_dir")
+
+
+__all__ = ["DEFAULT_REVISION", "EXPORT_MARKER", "save_for_hub", "read_run", "export_run"]

@@ -242,3 +242,6 @@ def assert_same_outputs(output, reference, what="outputs"):
     bound = 1e-5 * reference.abs().max().item() + 1e-6
     if not err <= bound:  # also catches NaN
         raise AssertionError(f"{what} differ: max abs diff {err:.3e} > {bound:.3e} (float32 round-off)")
+
+
+__all__ = ["CHECK_TEXT", "clean_python", "run_without_package", "check_remote_code", "assert_same_outputs"]

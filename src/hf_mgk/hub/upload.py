@@ -51,3 +51,6 @@ def push_folder(folder, repo_id, revision=DEFAULT_REVISION, private=False, token
     api.create_tag(repo_id, tag=revision, revision=commit.oid, repo_type="model",
                    tag_message="Published with hf-mgk; the model card pins this tag")
     return commit
+
+
+__all__ = ["upload_plan", "network_errors", "push_folder"]

@@ -15,28 +15,10 @@ One job per module: `arguments` (parsing and checking the options, logging), `mo
 `run_dir` (identity, resume, results files) and `data` (datasets, LM preprocessing and metrics). Their public
 names are gathered here for the scripts."""
 
-from .arguments import (
-    ModelArguments, DataArguments, HfMgkTrainingArguments, parse_args, setup_logging, parse_overrides,
-    check_data_file, check_model_folder, damaged_weights, first_bad_line)
-from .models import (
-    ModelPlan, plan_model, checkpoint_config, family_of, stock_family, model_class, load_tokenizer, load_model,
-    fit_vocabulary, base_model,
-    new_model_kwargs, position_limit, sequence_length)
-from .run_dir import (
-    RUN_FILE, RESULTS_FILES, incomplete_checkpoint, run_identity, prepare_output_dir, read_run_identity,
-    write_run_info, save_metrics, recorded_results, train_and_save, evaluate_and_save, close_distributed)
-from .data import (
-    load_raw_datasets, hub_dataset, require_columns, describe_split, take, dataset_label, group_texts,
-    needed_splits, require_text, text_column, map_splits, tokenize_into_blocks, tokenize_texts,
-    group_into_blocks, token_stream, predicted_ids, token_accuracy, perplexity)
+from . import arguments, models, run_dir, data
+from .arguments import *  # noqa: F401,F403 (its __all__)
+from .models import *  # noqa: F401,F403 (its __all__)
+from .run_dir import *  # noqa: F401,F403 (its __all__)
+from .data import *  # noqa: F401,F403 (its __all__)
 
-__all__ = ["ModelArguments", "DataArguments", "HfMgkTrainingArguments", "parse_args", "setup_logging",
-           "parse_overrides", "check_data_file", "check_model_folder", "damaged_weights", "first_bad_line",
-           "ModelPlan", "plan_model", "checkpoint_config", "family_of", "stock_family", "model_class", "load_tokenizer", "load_model",
-           "fit_vocabulary", "base_model", "new_model_kwargs", "position_limit", "sequence_length", "RUN_FILE",
-           "RESULTS_FILES", "incomplete_checkpoint", "run_identity", "prepare_output_dir", "read_run_identity",
-           "write_run_info", "save_metrics", "recorded_results", "train_and_save", "evaluate_and_save",
-           "close_distributed", "load_raw_datasets", "hub_dataset", "require_columns", "describe_split", "take",
-           "dataset_label", "group_texts", "needed_splits", "require_text", "text_column", "map_splits",
-           "tokenize_into_blocks", "tokenize_texts", "group_into_blocks", "token_stream", "predicted_ids",
-           "token_accuracy", "perplexity"]
+__all__ = [*arguments.__all__, *models.__all__, *run_dir.__all__, *data.__all__]

@@ -288,3 +288,7 @@ def first_bad_line(path, delimiter=None):
         except csv.Error as err:
             return f"line {start} starts a row that is not valid CSV ({err}): a field that opens a quote must close it"
     return None
+
+
+__all__ = ["ModelArguments", "DataArguments", "HfMgkTrainingArguments", "parse_args", "setup_logging", "parse_overrides",
+           "check_data_file", "check_model_folder", "damaged_weights", "first_bad_line"]

@@ -238,3 +238,8 @@ def perplexity(loss):
         return math.exp(loss)
     except OverflowError:
         return float("inf")
+
+
+__all__ = ["load_raw_datasets", "hub_dataset", "require_columns", "describe_split", "take", "dataset_label", "group_texts",
+           "needed_splits", "require_text", "text_column", "map_splits", "tokenize_into_blocks", "tokenize_texts",
+           "group_into_blocks", "token_stream", "predicted_ids", "token_accuracy", "perplexity"]

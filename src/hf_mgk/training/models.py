@@ -219,3 +219,7 @@ def sequence_length(requested, option, tokenizer, config):
         logger.warning("%s %d is beyond the tokenizer's model_max_length (%d); using it, the model takes it (%s)",
                        option, requested, tokenizer.model_max_length, why)
     return requested
+
+
+__all__ = ["checkpoint_config", "ModelPlan", "plan_model", "family_of", "stock_family", "model_class", "load_tokenizer",
+           "load_model", "fit_vocabulary", "base_model", "new_model_kwargs", "position_limit", "sequence_length"]

@@ -208,3 +208,7 @@ def close_distributed():
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
+
+
+__all__ = ["RUN_FILE", "RESULTS_FILES", "incomplete_checkpoint", "run_identity", "prepare_output_dir", "read_run_identity",
+           "write_run_info", "save_metrics", "recorded_results", "train_and_save", "evaluate_and_save", "close_distributed"]
