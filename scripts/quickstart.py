@@ -27,21 +27,14 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import time
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import run_glue  # noqa: E402
-import run_clm  # noqa: E402
-import run_mlm  # noqa: E402
-
-from hf_mgk import bundled, folders, hub  # noqa: E402
-from hf_mgk.families import FAMILIES  # noqa: E402
-from hf_mgk.modeling_warm_start import evenly_spaced_heads, resolve_keep_heads  # noqa: E402
+from hf_mgk import bundled, folders, hub
+from hf_mgk.families import FAMILIES
+from hf_mgk.modeling_warm_start import evenly_spaced_heads, resolve_keep_heads
+from hf_mgk.scripts import run_clm, run_glue, run_mlm
 
 # The arm that asks whether the new attention recovers what pruning loses: softmax with the new model's kept heads.
 CONTROL = "softmax-pruned"

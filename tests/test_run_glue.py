@@ -20,14 +20,12 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 import hf_mgk
 from hf_mgk import bundled, hub
+from hf_mgk.scripts import run_glue
 import tiny
 
 pytestmark = pytest.mark.slow  # the script end to end on GLUE / MNLI-format files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("run_glue", os.path.join(ROOT, "scripts", "run_glue.py"))
-run_glue = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(run_glue)
 
 MAX_LEN = 32
 # The Hub GLUE layout, written out here (not taken from the script): input columns, label names in id order.

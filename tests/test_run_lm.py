@@ -2,7 +2,6 @@
 independent recomputation, the data shapes, resume / refusals, and torchrun against one process."""
 
 import hashlib
-import importlib.util
 import json
 import math
 import os
@@ -18,6 +17,7 @@ from transformers import (AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokeni
 
 import hf_mgk
 from hf_mgk import bundled, training
+from hf_mgk.scripts import run_clm, run_mlm
 from conftest import assert_kept, plant, run_torchrun, write_play_split
 import tiny
 
@@ -26,15 +26,6 @@ pytestmark = pytest.mark.slow  # the scripts end to end (and torchrun)
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _script(name):
-    spec = importlib.util.spec_from_file_location(f"hf_mgk_{name}_script", ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-run_mlm = _script("run_mlm")
-run_clm = _script("run_clm")
 
 TINY = {  # --config_overrides text (the vocabulary is the tokenizer's)
     "mgk-bert": tiny.overrides(tiny.bert_size(max_position_embeddings=tiny.POSITIONS)),

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import string
-import sys
 
 import numpy as np
 import pytest
@@ -15,10 +14,9 @@ from datasets import Dataset
 from transformers import AutoTokenizer, ProphetNetTokenizer
 
 from hf_mgk import bundled, qa
+from hf_mgk.scripts import run_qa
 import tiny
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
-import run_qa  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the script end to end on SQuAD-format files
 
