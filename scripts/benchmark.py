@@ -104,9 +104,13 @@ def mgk_cases(args, head_dim=None):
 # ------------------------------------------------------------------ MGK attention alone
 # The baseline's H heads of size D against MGK's H/2 heads with M keys, forward + backward of one attention call
 # on random (B, heads, N, D) inputs (the MGK model's attention type and E-step choose the path, as in the model).
-MGK_PATHS = {  # name -> (function, e_step, M); "SDPA-aug" is the augmented-key SDPA path the CPU rule replaced
-    "MGK soft": ("mgk", "soft", 2), "sMGK soft": ("smgk", "soft", 2), "MGK hard": ("mgk", "hard", 2),
-    "sMGK hard": ("smgk", "hard", 2), "MGK soft, SDPA-aug": ("sdpa_aug", "soft", 2),
+MGK_PATHS = {  # name -> (function, e_step, M, backend); "SDPA-aug" is the augmented-key SDPA path the CPU rule
+    # replaced; "compiled" the torch.compile path (its compile time is reported apart from the step time)
+    "MGK soft": ("mgk", "soft", 2, "auto"), "sMGK soft": ("smgk", "soft", 2, "auto"),
+    "MGK hard": ("mgk", "hard", 2, "auto"), "sMGK hard": ("smgk", "hard", 2, "auto"),
+    "MGK soft, SDPA-aug": ("mgk", "soft", 2, "sdpa"),
+    "MGK soft, compiled": ("mgk", "soft", 2, "compiled"), "sMGK soft, compiled": ("smgk", "soft", 2, "compiled"),
+    "MGK hard, compiled": ("mgk", "hard", 2, "compiled"), "sMGK hard, compiled": ("smgk", "hard", 2, "compiled"),
 }
 
 
@@ -116,7 +120,7 @@ def mgk_paper_flops(path, heads, length, head_dim):
     value per position); sMGK (one key product for all M shifted keys) 2 H/2 N^2 D. path: "sdpa" or MGK_PATHS."""
     if path == "sdpa":
         return 2 * heads * length * length * head_dim
-    kind, _, m = MGK_PATHS[path]
+    kind, _, m, _ = MGK_PATHS[path]
     return (2 if kind == "smgk" else m + 1) * (heads // 2) * length * length * head_dim
 
 
@@ -129,7 +133,7 @@ def mgk_attention_step(path, heads, length, batch, head_dim):
         q, k, v = (torch.randn(batch, heads, length, head_dim, generator=g, requires_grad=True) for _ in range(3))
         grad = torch.randn(batch, heads, length, head_dim, generator=g)
         return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v).backward(grad)
-    kind, e_step, m = MGK_PATHS[path]
+    kind, e_step, m, backend = MGK_PATHS[path]
     h = heads // 2
     q, v = (torch.randn(batch, h, length, head_dim, generator=g, requires_grad=True) for _ in range(2))
     grad = torch.randn(batch, h, length, head_dim, generator=g)  # dense, as from the layers above
@@ -139,12 +143,10 @@ def mgk_attention_step(path, heads, length, batch, head_dim):
         key = torch.randn(batch, h, length, head_dim, generator=g, requires_grad=True)
         shift = (0.1 * torch.randn(h, m, head_dim, generator=g)).requires_grad_()
         return lambda: am.smgk_attention(q, key, shift, v, variances=variances, log_prior=prior,
-                                         e_step=e_step).backward(grad)
+                                         e_step=e_step, backend=backend).backward(grad)
     keys = torch.randn(batch, h, m, length, head_dim, generator=g, requires_grad=True)
-    if kind == "sdpa_aug":
-        return lambda: am.mgk_attention(q, keys, v, variances=variances, log_prior=prior,
-                                        backend="sdpa").backward(grad)
-    return lambda: am.mgk_attention(q, keys, v, variances=variances, log_prior=prior, e_step=e_step).backward(grad)
+    return lambda: am.mgk_attention(q, keys, v, variances=variances, log_prior=prior, e_step=e_step,
+                                    backend=backend).backward(grad)
 
 
 def measure_mgk_attention(path, heads, length, batch, head_dim, repeats, threads):
@@ -157,8 +159,17 @@ def measure_mgk_attention(path, heads, length, batch, head_dim, repeats, threads
             step()
         return fc.get_total_flops()
 
+    from hf_mgk import attention_compile
+
+    compiling = path != "sdpa" and MGK_PATHS[path][3] == "compiled"
+    if compiling:  # compile (and count the FLOPs of) one untimed step first: the warm-up then times nothing new
+        step()
     result, flops = _timed(step, repeats, counted)
     result["flops"] = flops
+    result["compile_s"] = sum(attention_compile.compile_seconds(k) for k in ("mgk_forward", "mgk_backward"))
+    failed = attention_compile.why_not_compiled(torch.get_default_device().type) if compiling else None
+    if failed:
+        result["error"] = f"not compiled: {failed}"
     return result
 
 
@@ -172,8 +183,10 @@ def run_mgk_attention(args, spec):
     print("'x paper FLOPs': the papers' count (App. B) of the attention products, forward (softmax 2 H N^2 D, MGK "
           "(M + 1) H/2 N^2 D, sMGK 2 H/2 N^2 D); the target is 1.1 times it. 'x counted FLOPs': FlopCounterMode on "
           "the timed step, forward + backward (SDPA by PyTorch's formula: QK^T, AV and 4 backward products).")
-    print("| N | SDPA ms | path | ms | x SDPA | x paper FLOPs | target (1.1x) | x counted FLOPs | peak MiB |")
-    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+    print("'compile s': the compiled path's first calls that compiled a graph (forward and backward kernels), "
+          "not in its step time.")
+    print("| N | SDPA ms | path | ms | x SDPA | x paper FLOPs | target (1.1x) | x counted FLOPs | peak MiB | compile s |")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for n in spec["lengths"]:
         base = rows[("sdpa", n)]
         for p in MGK_PATHS:
@@ -182,8 +195,10 @@ def run_mgk_attention(args, spec):
                 print(f"| {n} | | {p} | {r.get('error', base.get('error'))} | | | | | |")
                 continue
             paper = mgk_paper_flops(p, heads, n, head_dim) / mgk_paper_flops("sdpa", heads, n, head_dim)
+            compile_s = f"{r['compile_s']:.1f}" if r.get("compile_s") else ""
             print(f"| {n} | {_ms(base['seconds'])} | {p} | {_ms(r['seconds'])} | {r['seconds'] / base['seconds']:.2f}"
-                  f" | {paper:.2f} | {1.1 * paper:.3f} | {r['flops'] / base['flops']:.2f} | {r['peak_mib']:.0f} |")
+                  f" | {paper:.2f} | {1.1 * paper:.3f} | {r['flops'] / base['flops']:.2f} | {r['peak_mib']:.0f} |"
+                  f" {compile_s} |")
 
 
 # ------------------------------------------------------------------ FiSH-GPT2

@@ -16,6 +16,8 @@ Three exact backends compute it (`choose_backend` picks one for backend="auto"):
   blocked  per block of query rows, the M keys' log-kernel terms from one product (sMGK: one q.k for all M
            shifted keys), the keys' exponentials summed and multiplied by V once, with a hand-written backward
            (section "blocked path").
+  compiled the blocked path's formula as plain torch functions fused by torch.compile (C++ on the CPU, Triton on
+           GPUs), forward and backward (section "compiled path"; attention_compile.py).
 The plain references the tests hold these to are in `hf_mgk.reference` (not part of this file).
 
 Torch only (this file travels next to remote-code model files). Shapes: B batch, H heads, M keys per position,
@@ -27,6 +29,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .attention_compile import run as run_compiled, warn_compile_unavailable, why_not_compiled
 from .attention_blocks import autocast_enabled, resolve_backend, row_blocks
 from .attention_masks import allowed_pairs, causal_mask, is_tracing, mask_kind, masked_scores
 
@@ -41,7 +44,7 @@ __all__ = [
     "smgk_attention",
 ]
 
-BACKENDS = ("dense", "sdpa", "blocked")
+BACKENDS = ("dense", "sdpa", "blocked", "compiled")
 MLK_BACKENDS = ("dense", "linear")
 # Query rows per block of the blocked path (hf-mgk's docs/benchmarks/kernel-notes.md#mgk-blocked-path).
 BLOCK_ROWS = 128
@@ -51,6 +54,8 @@ KEEP_BYTES = 2**28
 # The blocked path redoes a block with its rows' maxima subtracted when a row's sum of kernel terms falls below this
 # (section "blocked path").
 MIN_ROW_SUM = math.exp(-40.0)
+# Bytes of the scores L (B, H, M, rows, S) per block of the compiled path: its block rows follow from it.
+COMPILED_BLOCK_BYTES = 2**26
 # Chunk length of causal MLK (`_causal_linear`).
 MLK_CHUNK = 64
 
@@ -73,8 +78,11 @@ def choose_backend(*, e_step, return_weights, device_type, dtype, autocast, trac
     return "dense" if e_step == "hard" else "sdpa"
 
 
-def _refusals(*, e_step, return_weights, device_type, dtype, autocast, tracing, mask):
+def _refusals(*, e_step, return_weights, device_type, dtype, autocast, tracing, mask, compiled=None):
     """Why each backend cannot run a call (None: it can)."""
+    fused = ("return_weights (only 'dense' forms the weights)" if return_weights
+             else "a whole 4-D mask" if mask == "pairs"
+             else "inside an outer trace or compile (the plain paths trace as they are)" if tracing else None)
     blocked = ("return_weights (only 'dense' forms the weights)" if return_weights
                else "a whole 4-D mask" if mask == "pairs"
                else "half precision" if dtype not in (torch.float32, torch.float64)
@@ -82,14 +90,19 @@ def _refusals(*, e_step, return_weights, device_type, dtype, autocast, tracing, 
                else "tracing or compiling (its Python loop reads tensor values)" if tracing else None)
     sdpa = ("the hard E-step" if e_step == "hard"
             else "return_weights (only 'dense' forms the weights)" if return_weights else None)
-    return {"dense": None, "sdpa": sdpa, "blocked": blocked}
+    return {"dense": None, "sdpa": sdpa, "blocked": blocked, "compiled": fused}
 
 
 def _backend(backend, query, attention_mask, e_step, return_weights):
     facts = dict(e_step=e_step, return_weights=return_weights, device_type=query.device.type, dtype=query.dtype,
                  autocast=autocast_enabled(query.device.type), tracing=is_tracing(),
                  mask=mask_kind(attention_mask))
-    return resolve_backend(backend, choose_backend(**facts), _refusals(**facts))
+    chosen = resolve_backend(backend, choose_backend(**facts), _refusals(**facts))
+    if chosen == "compiled" and why_not_compiled(query.device.type) is not None:
+        # asked for by name where it cannot compile (no compiler, turned off, failed before): the eager rule's path
+        warn_compile_unavailable(query.device.type)
+        return choose_backend(**facts)
+    return chosen
 
 
 def _as_variances(variances, like: torch.Tensor, num_keys: int) -> torch.Tensor:
@@ -475,25 +488,173 @@ def _mgk_blocked(query, keys, key_shift, value, var, log_prior, e_step, attentio
                              training and kept <= keep_bytes, block_rows, min_row_sum)
 
 
+# ----------------------------------------------------------------------------------------------- compiled path
+# The blocked path's formula as plain torch functions that torch.compile fuses (attention_compile): per block of
+# query rows, with s_r = 1 / sigma_r^2,
+#
+#     L_ijr = s_r G_rij + x_ir + y_jr          G_r = q . k_r (MGK: one product per key; sMGK: one q . k for all r)
+#     MGK:  x_ir = log pi_r - s_r |q_i|^2 / 2,          y_jr = -s_r |k_jr|^2 / 2
+#     sMGK: x_ir = log pi_r - s_r |q_i - b_r|^2 / 2,    y_jr = -s_r (|k_j|^2 / 2 + b_r . k_j)
+#     E_ijr = exp(L_ijr - m_i) on the pairs the masks allow (m_i: the row's largest L, so no row underflows)
+#     P_ij = sum_r E_ijr (soft; hard: exp(max_r L_ijr - m_i)),  Z_i = sum_j P_ij,  h_i = sum_j (P_ij / Z_i) v_j
+#
+# x and y are O((N + S) M) numbers computed eagerly with autograd; the compiled functions take G's operands, x, y and
+# V and hand back d/dq, d/dk, d/dx, d/dy, d/dV. Backward recomputes E from q and k (nothing of size N x S x M is
+# kept): with a_ij = P_ij / Z_i, dA_ij = dO_i . v_j (times the dropout mask), delta_i = sum_j a_ij dA_ij,
+#     soft: dL_ijr = E_ijr (dA_ij - delta_i) / Z_i,      hard: dL_ijr = a_ij (dA_ij - delta_i) w_ijr
+# (w: 1 for the largest term, shared equally by ties, as torch.amax's backward). Dropout masks are drawn inside the
+# compiled forward and kept for backward as bool (B, H, N, S).
+
+
+def _compiled_scores(q, kk, x, y, s, pad, offset):
+    """L (B, H, M, n, S) of one block, -inf where hidden: pad (B, S) True = a real key; query i sees keys
+    j <= i + offset (a 0-d tensor; offset >= S: every key)."""
+    n, length = q.shape[2], kk.shape[3]
+    scores = torch.matmul(q[:, :, None], kk.transpose(-1, -2)) * s[:, None, None] + x[..., None] + y[..., None, :]
+    rows = torch.arange(n, device=q.device)[:, None] + offset
+    allowed = (torch.arange(length, device=q.device) <= rows) & pad[:, None, None, None, :]
+    return scores.masked_fill(~allowed, -math.inf)
+
+
+def _compiled_probs(scores, hard):
+    """(E or the hard weights w, P, m): see the section comment."""
+    top = scores.amax(dim=2, keepdim=True)
+    m = top.amax(dim=-1, keepdim=True)
+    m = torch.where(m > -math.inf, m, torch.zeros_like(m))                   # rows that see no key: P = 0
+    if hard:
+        wins = (scores == top).to(scores.dtype)
+        return wins / wins.sum(2, keepdim=True), torch.exp(top - m)[:, :, 0], m
+    e = torch.exp(scores - m)
+    return e, e.sum(2), m
+
+
+def _mgk_compiled_block_forward(q, kk, x, y, s, v, pad, offset, hard, dropout_p):
+    """One block's output (B, H, n, Dv), row sums Z (B, H, n, 1), shifts m and dropout mask (or None)."""
+    _, p, m = _compiled_probs(_compiled_scores(q, kk, x, y, s, pad, offset), hard)
+    z = p.sum(-1, keepdim=True)
+    a = p / torch.where(z > 0, z, torch.ones_like(z))
+    keep = None
+    if dropout_p > 0:
+        keep = torch.rand_like(a) >= dropout_p
+        a = a * keep / (1.0 - dropout_p)
+    return torch.matmul(a, v), z, m, keep
+
+
+def _mgk_compiled_block_backward(q, kk, x, y, s, v, pad, offset, hard, dropout_p, z, m, keep, dout):
+    """d/dq, d/dkk, d/dx, d/dy, d/dv of one block (section comment)."""
+    weights, p, _ = _compiled_probs(_compiled_scores(q, kk, x, y, s, pad, offset), hard)
+    z = torch.where(z > 0, z, torch.ones_like(z))
+    a = p / z
+    da = torch.matmul(dout, v.transpose(-1, -2))
+    if dropout_p > 0:
+        scale = keep / (1.0 - dropout_p)
+        dv = torch.matmul((a * scale).transpose(-1, -2), dout)
+        da = da * scale
+    else:
+        dv = torch.matmul(a.transpose(-1, -2), dout)
+    delta = (da * a).sum(-1, keepdim=True)
+    if hard:
+        dl = (a * (da - delta))[:, :, None] * weights
+    else:
+        dl = weights * ((da - delta) / z)[:, :, None]
+    dg = dl * s[:, None, None]
+    if kk.shape[2] == 1:
+        dg = dg.sum(2, keepdim=True)
+    dq = torch.matmul(dg, kk).sum(2)
+    dkk = torch.matmul(dg.transpose(-1, -2), q[:, :, None])
+    return dq, dkk, dl.sum(-1), dl.sum(-2), dv
+
+
+class _CompiledMGK(torch.autograd.Function):
+    """The compiled path in blocks of query rows: forward and backward each one compiled function per block."""
+
+    @staticmethod
+    def forward(ctx, q, kk, x, y, v, s, pad, hard, is_causal, dropout_p, block_rows):
+        n, length = q.shape[2], kk.shape[3]
+        outs, saved = [], []
+        for rows, end, _ in row_blocks(n, length, is_causal, block_rows, keep_empty=True):
+            # a tensor, not an int: dynamo would specialise the values 0 and 1 (one more graph each)
+            offset = torch.tensor(rows.start + length - n if is_causal else length, device=q.device)
+            args = (q[:, :, rows], kk[..., :end, :], x[..., rows], y[..., :end], s, v[:, :, :end], pad[:, :end],
+                    offset, hard, dropout_p)
+            out, z, m, keep = run_compiled("mgk_forward", _mgk_compiled_block_forward, *args)
+            outs.append(out)
+            saved.append((rows, end, offset, z, m, keep))
+        ctx.save_for_backward(q, kk, x, y, v, s, pad)
+        ctx.blocks, ctx.hard, ctx.dropout_p = saved, hard, dropout_p
+        return torch.cat(outs, dim=2)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, kk, x, y, v, s, pad = ctx.saved_tensors
+        dq, dkk, dx, dy, dv = (torch.zeros_like(t) for t in (q, kk, x, y, v))
+        dout = dout.contiguous()
+        for rows, end, offset, z, m, keep in ctx.blocks:
+            args = (q[:, :, rows], kk[..., :end, :], x[..., rows], y[..., :end], s, v[:, :, :end], pad[:, :end],
+                    offset, ctx.hard, ctx.dropout_p, z, m, keep, dout[:, :, rows])
+            bq, bk, bx, by, bv = run_compiled("mgk_backward", _mgk_compiled_block_backward, *args)
+            dq[:, :, rows] = bq
+            dkk[..., :end, :] += bk
+            dx[..., rows] = bx
+            dy[..., :end] += by
+            dv[:, :, :end] += bv
+        return dq, dkk, dx, dy, dv, None, None, None, None, None, None
+
+
+def _mgk_compiled(query, keys, key_shift, value, var, log_prior, e_step, attention_mask, is_causal, dropout_p,
+                  block_bytes):
+    """MGK (keys (B, H, M, S, D)) or sMGK (keys (B, H, S, D) and key_shift (H, M, D)) through `_CompiledMGK`, in
+    float32 at least (half inputs are computed in float32 and the output cast back)."""
+    hard = e_step == "hard"
+    dtype = torch.promote_types(query.dtype, torch.float32)
+    q, keys, v = query.to(dtype), keys.to(dtype), value.to(dtype)
+    s = (1.0 / var).to(dtype)
+    m = s.numel()
+    if key_shift is None:
+        kk = keys
+        x = (q * q).sum(-1)[:, :, None] * (-0.5 * s)[:, None]                              # (B, H, M, N)
+        y = (keys * keys).sum(-1) * (-0.5 * s)[:, None]                                     # (B, H, M, S)
+    else:
+        kk = keys[:, :, None]
+        b = key_shift.to(dtype)
+        x = (q[:, :, None] - b[None, :, :, None]).pow(2).sum(-1) * (-0.5 * s)[:, None]      # (B, H, M, N)
+        y = ((keys * keys).sum(-1)[:, :, None] * 0.5
+             + torch.einsum("bhsd,hmd->bhms", keys, b)) * -s[:, None]                       # (B, H, M, S)
+    if log_prior is not None and not hard:
+        x = x + log_prior.to(dtype)[None, :, :, None]
+    b_, h, n = q.shape[:3]
+    length = kk.shape[3]
+    pad = (torch.ones(b_, length, dtype=torch.bool, device=q.device) if attention_mask is None
+           else attention_mask.bool())
+    block_rows = max(1, block_bytes // max(1, b_ * h * m * length * q.element_size()))
+    out = _CompiledMGK.apply(q, kk, x, y, v, s, pad, hard, is_causal, dropout_p, block_rows)
+    return out.to(query.dtype)
+
+
 def mgk_attention(query, keys, value, *, variances, log_prior=None, e_step="soft", attention_mask=None,
                   is_causal=False, dropout_p=0.0, return_weights=False, backend="auto", block_rows=BLOCK_ROWS,
-                  keep_bytes=KEEP_BYTES, min_row_sum=MIN_ROW_SUM):
+                  keep_bytes=KEEP_BYTES, min_row_sum=MIN_ROW_SUM, compiled_block_bytes=COMPILED_BLOCK_BYTES):
     """MGK attention (Eq. 7). query (B,H,N,D), keys (B,H,M,S,D), value (B,H,S,Dv) -> (B,H,N,Dv).
 
     variances: the M absolute sigma_r^2; log_prior: (H, M) log pi (None = uniform, which cancels in the softmax);
     attention_mask: bool (B, S), True = real token, or a whole (B or 1, 1, N, S) mask (bool, or additive float);
     is_causal: query i sees keys j <= i + S - N (bottom-right aligned); dropout_p: dropout on a_ij.
 
-    backend: "auto" (`choose_backend`) or one of BACKENDS ("dense", "sdpa", "blocked"; module docstring); every one
-    is exact, and a ValueError names one that cannot run the call. With dropout the blocked and dense paths drop
+    backend: "auto" (`choose_backend`) or one of BACKENDS ("dense", "sdpa", "blocked", "compiled"; module
+    docstring); every one is exact, and a ValueError names one that cannot run the call ("compiled" where nothing
+    can compile, e.g. HF_MGK_COMPILE=0, warns once and runs the "auto" rule's eager path). With dropout the blocked and dense paths drop
     a_ij itself; SDPA over the augmented keys drops each key's share of it independently (the same mean, not the
     same distribution). block_rows, keep_bytes, min_row_sum: the blocked path's block size, the bytes of block
-    probabilities it keeps for backward (above: recomputed), and the row sum below which a block is redone shifted.
+    probabilities it keeps for backward (above: recomputed), and the row sum below which a block is redone shifted;
+    compiled_block_bytes: the bytes of scores per block of the compiled path.
     """
     _check_e_step(e_step)
     _check_shapes(query, keys, value)
     var = _as_variances(variances, query, keys.shape[2])
     backend = _backend(backend, query, attention_mask, e_step, return_weights)
+    if backend == "compiled":
+        return _mgk_compiled(query, keys, None, value, var, log_prior, e_step, attention_mask, is_causal, dropout_p,
+                             compiled_block_bytes)
     if backend == "blocked":
         return _mgk_blocked(query, keys, None, value, var, log_prior, e_step, attention_mask, is_causal, dropout_p,
                             block_rows, keep_bytes, min_row_sum)
@@ -505,7 +666,7 @@ def mgk_attention(query, keys, value, *, variances, log_prior=None, e_step="soft
 
 def smgk_attention(query, key, key_shift, value, *, variances, log_prior=None, e_step="soft", attention_mask=None,
                    is_causal=False, dropout_p=0.0, return_weights=False, backend="auto", block_rows=BLOCK_ROWS,
-                   keep_bytes=KEEP_BYTES, min_row_sum=MIN_ROW_SUM):
+                   keep_bytes=KEEP_BYTES, min_row_sum=MIN_ROW_SUM, compiled_block_bytes=COMPILED_BLOCK_BYTES):
     """sMGK (option B of the paper): MGK with the M keys k_jr = k_j + b_r of one key projection and a learned
     shift per key and head. key (B,H,S,D), key_shift (H,M,D); the rest as `mgk_attention`, which this equals
     with keys = key + key_shift. The blocked path computes q.k once for all M keys (section comment above); the
@@ -519,6 +680,9 @@ def smgk_attention(query, key, key_shift, value, *, variances, log_prior=None, e
     _check_shapes(query, key[:, :, None].expand(-1, -1, key_shift.shape[1], -1, -1), value)  # shapes only (a view)
     var = _as_variances(variances, query, key_shift.shape[1])
     backend = _backend(backend, query, attention_mask, e_step, return_weights)
+    if backend == "compiled":
+        return _mgk_compiled(query, key, key_shift, value, var, log_prior, e_step, attention_mask, is_causal,
+                             dropout_p, compiled_block_bytes)
     if backend == "blocked":
         return _mgk_blocked(query, key, key_shift, value, var, log_prior, e_step, attention_mask, is_causal,
                             dropout_p, block_rows, keep_bytes, min_row_sum)

@@ -1,0 +1,123 @@
+"""Fused kernels through torch.compile (inductor): one torch-only function per kernel, which inductor lowers to C++
+with OpenMP on the CPU and to Triton on GPUs, fusing the element-wise passes (exp, masks, sums over keys) that
+run as separate ops eagerly.
+
+The kernels here are plain functions of torch ops; eager execution of the same function is exact too, so whatever
+goes wrong with compiling (no C++ compiler, an op inductor cannot lower, the recompile limit) ends in the eager
+function for that call, one warning saying why, and the eager backends for later calls (`compile_failed`). Shapes
+are dynamic (one graph serves every length); each graph a kernel compiles is counted (`compile_count`).
+`HF_MGK_COMPILE=0` in the environment turns the compiled path off.
+
+Torch only: this file travels next to the remote-code model files.
+"""
+
+import importlib.util
+import os
+import shutil
+import time
+import warnings
+
+import torch
+
+__all__ = [
+    "ENV", "RECOMPILE_LIMIT", "compile_count", "compile_failed", "compile_seconds", "reset", "run",
+    "warn_compile_unavailable",
+    "why_not_compiled",
+]
+
+# The environment variable that turns the compiled path off ("0", "false", "off" or "no").
+ENV = "HF_MGK_COMPILE"
+# Graphs one kernel may compile (dtypes x devices x the kernel's static options); past it: the eager fallback.
+RECOMPILE_LIMIT = 32
+
+_compiled = {}  # kernel name -> its torch.compile wrapper
+_failed = {}  # (kernel name, device type) -> why it failed
+_graphs = {}  # kernel name -> graphs compiled
+_seconds = {}  # kernel name -> seconds spent in calls that compiled a graph
+_warned = set()  # (reason, device type) already warned about
+
+
+def compile_enabled():
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def why_not_compiled(device_type):
+    """None where the compiled path can run on this device type, else why not (for the backend rules): turned off,
+    no C++ compiler (inductor's CPU code), no Triton (its GPU code), another device, or an earlier failure here."""
+    if not compile_enabled():
+        return f"turned off by {ENV}={os.environ.get(ENV)}"
+    if device_type == "cpu":
+        if not any(shutil.which(c) for c in (os.environ.get("CXX"), "g++", "c++", "clang++") if c):
+            return "no C++ compiler found (inductor builds C++ for the CPU)"
+    elif device_type in ("cuda", "xpu"):
+        if importlib.util.find_spec("triton") is None:
+            return "Triton is not installed (inductor's GPU kernels)"
+    else:
+        return f"no inductor kernels for device {device_type!r}"
+    failed = [why for (name, device), why in _failed.items() if device == device_type]
+    return f"a compiled kernel failed here before ({failed[0]})" if failed else None
+
+
+def warn_compile_unavailable(device_type):
+    """One RuntimeWarning per device type and reason: the compiled path was asked for by name and cannot run."""
+    why = why_not_compiled(device_type)
+    if why is not None and (why, device_type) not in _warned:
+        _warned.add((why, device_type))
+        warnings.warn(f"hf-mgk: backend 'compiled' cannot run on {device_type}: {why}; using the eager path",
+                      RuntimeWarning, stacklevel=3)
+
+
+def reset():
+    """Forget the kernels compiled and the failures recorded here (torch.compiler.reset() also drops the graphs)."""
+    for table in (_compiled, _failed, _graphs, _seconds, _warned):
+        table.clear()
+
+
+def compile_failed(name, device_type):
+    """Why kernel `name` failed to compile or run on `device_type`, or None."""
+    return _failed.get((name, device_type))
+
+
+def compile_count(name):
+    """How many graphs kernel `name` has compiled in this process (dynamic shapes: lengths do not add graphs)."""
+    return _graphs.get(name, 0)
+
+
+def compile_seconds(name):
+    """Seconds spent in the calls of kernel `name` that compiled a graph (compilation and that one call)."""
+    return _seconds.get(name, 0.0)
+
+
+def _counting_backend(name):
+    def backend(graph_module, example_inputs):
+        _graphs[name] = _graphs.get(name, 0) + 1
+        return torch._dynamo.lookup_backend("inductor")(graph_module, example_inputs)
+    return backend
+
+
+def run(name, function, *args):
+    """`function(*args)` compiled (one wrapper per kernel name, dynamic shapes, the whole function one graph), or
+    eagerly where compiling or running the compiled code fails: then once per kernel and device a RuntimeWarning
+    says why, and `why_not_compiled` reports it, so the callers' rules choose their eager backends from then on."""
+    device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
+    if (name, device) in _failed or not compile_enabled():
+        return function(*args)
+    wrapper = _compiled.get(name)
+    if wrapper is None:
+        wrapper = _compiled[name] = torch.compile(function, backend=_counting_backend(name), dynamic=True,
+                                                  fullgraph=True)
+    graphs, start = _graphs.get(name, 0), time.perf_counter()
+    try:
+        # a limit of its own, and an error at it rather than dynamo's silent eager run (caught below)
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
+            result = wrapper(*args)
+    except Exception as err:  # noqa: BLE001 (a compiler error, an unsupported op, the recompile limit: all fall back)
+        message = str(err).strip().splitlines()
+        _failed[(name, device)] = why = f"{type(err).__name__}: {message[0] if message else ''}"[:300]
+        warnings.warn(f"hf-mgk: the compiled {name} kernel failed on {device} ({why}); computing it eagerly, and "
+                      f"with the eager backends from now on (set {ENV}=0 to skip compiling)", RuntimeWarning,
+                      stacklevel=2)
+        return function(*args)
+    if _graphs.get(name, 0) != graphs:
+        _seconds[name] = _seconds.get(name, 0.0) + time.perf_counter() - start
+    return result
