@@ -72,8 +72,9 @@ def test_compiled_dropout_drops_weights_and_backward_sees_the_same_mask():
     assert torch.autograd.gradcheck(dropped_out, (q, keys, v))
 
 
-def test_lengths_do_not_add_graphs():
-    """Dynamic shapes: after the first lengths, new lengths (padding, generation) reuse the compiled graphs."""
+def test_lengths_do_not_add_graphs(fresh):
+    """Dynamic shapes: after the first lengths, new lengths (padding, generation) reuse the compiled graphs (counted
+    from a fresh start: the cases above compile many graphs of their own)."""
     kw = dict(variances=_variances(2), is_causal=True, backend="compiled")
 
     def step(n, s):

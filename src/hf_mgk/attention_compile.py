@@ -27,8 +27,9 @@ __all__ = [
 
 # The environment variable that turns the compiled path off ("0", "false", "off" or "no").
 ENV = "HF_MGK_COMPILE"
-# Graphs one kernel may compile (dtypes x devices x the kernel's static options); past it: the eager fallback.
-RECOMPILE_LIMIT = 32
+# Graphs one kernel may compile (dtypes x devices x the kernel's static options x the sizes of 1 that dynamo
+# specialises); past it: the eager fallback.
+RECOMPILE_LIMIT = 64
 
 _compiled = {}  # kernel name -> its torch.compile wrapper
 _failed = {}  # (kernel name, device type) -> why it failed

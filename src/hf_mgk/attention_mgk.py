@@ -498,34 +498,42 @@ def _mgk_blocked(query, keys, key_shift, value, var, log_prior, e_step, attentio
 #     E_ijr = exp(L_ijr - m_i) on the pairs the masks allow (m_i: the row's largest L, so no row underflows)
 #     P_ij = sum_r E_ijr (soft; hard: exp(max_r L_ijr - m_i)),  Z_i = sum_j P_ij,  h_i = sum_j (P_ij / Z_i) v_j
 #
-# x and y are O((N + S) M) numbers computed eagerly with autograd; the compiled functions take G's operands, x, y and
-# V and hand back d/dq, d/dk, d/dx, d/dy, d/dV. Backward recomputes E from q and k (nothing of size N x S x M is
+# The scores of a block are laid out (B, H, n, M, S): each query's M x S terms contiguous, so the reductions over
+# keys run along a row. x and y are O((N + S) M) numbers computed eagerly with autograd; the compiled functions take
+# G's operands, x, y and V and hand back d/dq, d/dk, d/dx, d/dy, d/dV. Backward recomputes E from q and k (nothing of size N x S x M is
 # kept): with a_ij = P_ij / Z_i, dA_ij = dO_i . v_j (times the dropout mask), delta_i = sum_j a_ij dA_ij,
 #     soft: dL_ijr = E_ijr (dA_ij - delta_i) / Z_i,      hard: dL_ijr = a_ij (dA_ij - delta_i) w_ijr
 # (w: 1 for the largest term, shared equally by ties, as torch.amax's backward). Dropout masks are drawn inside the
 # compiled forward and kept for backward as bool (B, H, N, S).
 
 
+def _flat_keys(kk):
+    """(B, H, Mk, S, D) -> (B, H, Mk * S, D): every key of a position block in one product's rows."""
+    return kk.reshape(kk.shape[0], kk.shape[1], -1, kk.shape[-1])
+
+
 def _compiled_scores(q, kk, x, y, s, pad, offset):
-    """L (B, H, M, n, S) of one block, -inf where hidden: pad (B, S) True = a real key; query i sees keys
-    j <= i + offset (a 0-d tensor; offset >= S: every key)."""
-    n, length = q.shape[2], kk.shape[3]
-    scores = torch.matmul(q[:, :, None], kk.transpose(-1, -2)) * s[:, None, None] + x[..., None] + y[..., None, :]
+    """L (B, H, n, M, S) of one block, -inf where hidden: each query's M x S scores contiguous (from one product
+    with the flattened keys), so that its sums and maxima over keys run along one row. pad (B, S) True = a real
+    key; query i sees keys j <= i + offset (a 0-d tensor; offset >= S: every key)."""
+    n, mk, length = q.shape[2], kk.shape[2], kk.shape[3]
+    g = torch.matmul(q, _flat_keys(kk).transpose(-1, -2)).unflatten(-1, (mk, length))           # (B, H, n, Mk, S)
+    scores = g * s[:, None] + x.transpose(2, 3)[..., None] + y[:, :, None]
     rows = torch.arange(n, device=q.device)[:, None] + offset
-    allowed = (torch.arange(length, device=q.device) <= rows) & pad[:, None, None, None, :]
+    allowed = (torch.arange(length, device=q.device) <= rows)[:, None] & pad[:, None, None, None, :]
     return scores.masked_fill(~allowed, -math.inf)
 
 
 def _compiled_probs(scores, hard):
-    """(E or the hard weights w, P, m): see the section comment."""
-    top = scores.amax(dim=2, keepdim=True)
+    """(E or the hard weights w (B, H, n, M, S), P (B, H, n, S), m (B, H, n, 1)): see the section comment."""
+    top = scores.amax(dim=3)
     m = top.amax(dim=-1, keepdim=True)
     m = torch.where(m > -math.inf, m, torch.zeros_like(m))                   # rows that see no key: P = 0
     if hard:
-        wins = (scores == top).to(scores.dtype)
-        return wins / wins.sum(2, keepdim=True), torch.exp(top - m)[:, :, 0], m
-    e = torch.exp(scores - m)
-    return e, e.sum(2), m
+        wins = (scores == top[:, :, :, None]).to(scores.dtype)
+        return wins / wins.sum(3, keepdim=True), torch.exp(top - m), m
+    e = torch.exp(scores - m[..., None])
+    return e, e.sum(3), m
 
 
 def _mgk_compiled_block_forward(q, kk, x, y, s, v, pad, offset, hard, dropout_p):
@@ -554,15 +562,16 @@ def _mgk_compiled_block_backward(q, kk, x, y, s, v, pad, offset, hard, dropout_p
         dv = torch.matmul(a.transpose(-1, -2), dout)
     delta = (da * a).sum(-1, keepdim=True)
     if hard:
-        dl = (a * (da - delta))[:, :, None] * weights
+        dl = (a * (da - delta))[:, :, :, None] * weights                        # (B, H, n, M, S)
     else:
-        dl = weights * ((da - delta) / z)[:, :, None]
-    dg = dl * s[:, None, None]
+        dl = weights * ((da - delta) / z)[:, :, :, None]
+    dg = dl * s[:, None]
     if kk.shape[2] == 1:
-        dg = dg.sum(2, keepdim=True)
-    dq = torch.matmul(dg, kk).sum(2)
-    dkk = torch.matmul(dg.transpose(-1, -2), q[:, :, None])
-    return dq, dkk, dl.sum(-1), dl.sum(-2), dv
+        dg = dg.sum(3, keepdim=True)
+    dg = dg.flatten(-2)                                                         # (B, H, n, Mk * S)
+    dq = torch.matmul(dg, _flat_keys(kk))
+    dkk = torch.matmul(dg.transpose(-1, -2), q).unflatten(2, kk.shape[2:4])
+    return dq, dkk, dl.sum(-1).transpose(2, 3), dl.sum(2), dv
 
 
 class _CompiledMGK(torch.autograd.Function):
