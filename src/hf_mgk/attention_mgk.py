@@ -69,7 +69,8 @@ def choose_backend(*, e_step, return_weights, device_type, dtype, autocast, trac
     none, not traced: its Python loop reads tensor values) the blocked path, with or without autograd, so that
     training and evaluation compute bit for bit the same function. Elsewhere (accelerators, half precision,
     autocast) the soft E-step as one SDPA call, the hard E-step in the dense form.
-    Why (timings): hf-mgk's docs/benchmarks/kernel-notes.md#mgk-path-rule."""
+    Why (timings): hf-mgk's docs/benchmarks/kernel-notes.md#mgk-path-rule. It never names "compiled": measured
+    slower than these on the CPU, untimed on GPUs (ibid., #mgk-compiled-path)."""
     if return_weights:
         return "dense"
     if (device_type == "cpu" and dtype in (torch.float32, torch.float64) and not autocast and not tracing
