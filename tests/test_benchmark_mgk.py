@@ -79,6 +79,7 @@ def test_attention_table_in_process(monkeypatch):
     calls = []
     threads = torch.get_num_threads()
     monkeypatch.setattr(bench, "call_child", children_in_process(bench, calls))
+    monkeypatch.setenv("HF_MGK_COMPILE", "0")  # the compiled rows then say why they did not compile (fast tier)
     monkeypatch.setattr("sys.argv", ["benchmark.py", "--heads", "8", "--repeats", "1", "--threads", str(threads)])
     args = bench.argparse.Namespace(heads=8, batch=1, repeats=1, threads=threads)
     out = io.StringIO()
@@ -89,6 +90,9 @@ def test_attention_table_in_process(monkeypatch):
             if line.startswith("| 32 |")]
     assert [r[2] for r in rows] == list(bench.MGK_PATHS)
     assert {c[1][0] for c in calls} == {"sdpa", *bench.MGK_PATHS}
+    compiled = [r for r in rows if r[2].endswith("compiled")]
+    assert len(compiled) == 4 and all(r[3] == "not compiled: turned off by HF_MGK_COMPILE=0" for r in compiled)
+    rows = [r for r in rows if r not in compiled]
     for r in rows:
         ms, base_ms, ratio = float(r[3]), float(r[1]), float(r[4])
         assert abs(ratio - ms / base_ms) <= 0.005 + 0.011 * ms / base_ms

@@ -89,6 +89,16 @@ def compile_seconds(name):
     return _seconds.get(name, 0.0)
 
 
+def _in_dispatch_mode():
+    """Whether a TorchDispatchMode (FlopCounterMode, a profiler's, ...) is watching every op: dynamo compiles no frame
+    then, and the eager function gives the mode the ops it wants to see (not a failure)."""
+    try:
+        from torch.utils._python_dispatch import is_in_torch_dispatch_mode
+    except ImportError:  # an older torch: compile, and fall back only if that fails
+        return False
+    return is_in_torch_dispatch_mode()
+
+
 def _counting_backend(name):
     def backend(graph_module, example_inputs):
         _graphs[name] = _graphs.get(name, 0) + 1
@@ -101,7 +111,7 @@ def run(name, function, *args):
     eagerly where compiling or running the compiled code fails: then once per kernel and device a RuntimeWarning
     says why, and `why_not_compiled` reports it, so the callers' rules choose their eager backends from then on."""
     device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
-    if (name, device) in _failed or not compile_enabled():
+    if (name, device) in _failed or not compile_enabled() or _in_dispatch_mode():
         return function(*args)
     wrapper = _compiled.get(name)
     if wrapper is None:
