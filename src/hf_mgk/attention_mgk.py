@@ -54,7 +54,7 @@ KEEP_BYTES = 2**28
 # The blocked path redoes a block with its rows' maxima subtracted when a row's sum of kernel terms falls below this
 # (section "blocked path").
 MIN_ROW_SUM = math.exp(-40.0)
-# Bytes of the scores L (B, H, M, rows, S) per block of the compiled path: its block rows follow from it.
+# Bytes of the scores L (B, H, rows, M, S) per block of the compiled path: its block rows follow from it.
 COMPILED_BLOCK_BYTES = 2**26
 # Chunk length of causal MLK (`_causal_linear`).
 MLK_CHUNK = 64
@@ -79,7 +79,7 @@ def choose_backend(*, e_step, return_weights, device_type, dtype, autocast, trac
     return "dense" if e_step == "hard" else "sdpa"
 
 
-def _refusals(*, e_step, return_weights, device_type, dtype, autocast, tracing, mask, compiled=None):
+def _refusals(*, e_step, return_weights, device_type, dtype, autocast, tracing, mask):
     """Why each backend cannot run a call (None: it can)."""
     fused = ("return_weights (only 'dense' forms the weights)" if return_weights
              else "a whole 4-D mask" if mask == "pairs"
@@ -501,8 +501,9 @@ def _mgk_blocked(query, keys, key_shift, value, var, log_prior, e_step, attentio
 #
 # The scores of a block are laid out (B, H, n, M, S): each query's M x S terms contiguous, so the reductions over
 # keys run along a row. x and y are O((N + S) M) numbers computed eagerly with autograd; the compiled functions take
-# G's operands, x, y and V and hand back d/dq, d/dk, d/dx, d/dy, d/dV. Backward recomputes E from q and k (nothing of size N x S x M is
-# kept): with a_ij = P_ij / Z_i, dA_ij = dO_i . v_j (times the dropout mask), delta_i = sum_j a_ij dA_ij,
+# G's operands, x, y and V and hand back d/dq, d/dk, d/dx, d/dy, d/dV. Backward recomputes E from q and k with the
+# forward's row shifts m (nothing of size N x S x M is kept): with a_ij = P_ij / Z_i, dA_ij = dO_i . v_j (times the
+# dropout mask), delta_i = sum_j a_ij dA_ij,
 #     soft: dL_ijr = E_ijr (dA_ij - delta_i) / Z_i,      hard: dL_ijr = a_ij (dA_ij - delta_i) w_ijr
 # (w: 1 for the largest term, shared equally by ties, as torch.amax's backward). Dropout masks are drawn inside the
 # compiled forward and kept for backward as bool (B, H, N, S).
@@ -525,11 +526,13 @@ def _compiled_scores(q, kk, x, y, s, pad, offset):
     return scores.masked_fill(~allowed, -math.inf)
 
 
-def _compiled_probs(scores, hard):
-    """(E or the hard weights w (B, H, n, M, S), P (B, H, n, S), m (B, H, n, 1)): see the section comment."""
+def _compiled_probs(scores, hard, m=None):
+    """(E or the hard weights w (B, H, n, M, S), P (B, H, n, S), m (B, H, n, 1)): see the section comment. m: the
+    row shifts when known (backward takes the forward's: no second pass for the row maxima)."""
     top = scores.amax(dim=3)
-    m = top.amax(dim=-1, keepdim=True)
-    m = torch.where(m > -math.inf, m, torch.zeros_like(m))                   # rows that see no key: P = 0
+    if m is None:
+        m = top.amax(dim=-1, keepdim=True)
+        m = torch.where(m > -math.inf, m, torch.zeros_like(m))               # rows that see no key: P = 0
     if hard:
         wins = (scores == top[:, :, :, None]).to(scores.dtype)
         return wins / wins.sum(3, keepdim=True), torch.exp(top - m), m
@@ -551,7 +554,7 @@ def _mgk_compiled_block_forward(q, kk, x, y, s, v, pad, offset, hard, dropout_p)
 
 def _mgk_compiled_block_backward(q, kk, x, y, s, v, pad, offset, hard, dropout_p, z, m, keep, dout):
     """d/dq, d/dkk, d/dx, d/dy, d/dv of one block (section comment)."""
-    weights, p, _ = _compiled_probs(_compiled_scores(q, kk, x, y, s, pad, offset), hard)
+    weights, p, _ = _compiled_probs(_compiled_scores(q, kk, x, y, s, pad, offset), hard, m)
     z = torch.where(z > 0, z, torch.ones_like(z))
     a = p / z
     da = torch.matmul(dout, v.transpose(-1, -2))
