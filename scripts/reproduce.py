@@ -329,7 +329,8 @@ def run_claim(claim, args, passthrough):
         "notes": claim.notes, "paper": claim.paper, "metric": claim.metric, "lower_is_better": claim.lower_is_better,
         "arms": arms, "checks": judged["checks"], "verdict": judged["verdict"], "rule": judged["rule"],
         "budget": budget(claim, args, passthrough),
-        "data": {k: data[k] for k in ("held_out_plays", "training_plays", "vocab_size")},
+        "data": {k: data[k] for k in ("held_out_plays", "training_plays", "vocab_size", "validation_chars")
+                 if k in data},
         "wall_seconds": sum(run["seconds"] for run in results.values()),
         "harness_seconds": time.time() - start,
         "command": shlex.join(["python", "scripts/reproduce.py", "--claim", claim.name, "--seeds",

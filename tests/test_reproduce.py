@@ -169,6 +169,8 @@ def test_held_out_split_has_no_training_document(tmp_path):
     assert "zyzzyvaquux" in validation and "zyzzyvaquux" not in trained
     assert "marigold" in trained and "marigold" not in validation
     assert info["held_out_plays"] == list(R.HELD_OUT_PLAYS)
+    # a scale that cuts the held-out text says so, and the file holds that many characters (plus the newline)
+    assert info["validation_chars"] == R.DATA["tiny"].validation_chars and len(validation) == 5001
     with pytest.raises(ValueError, match="held-out plays not among"):
         R.split_plays(files[:2])
 
@@ -232,6 +234,7 @@ def test_harness_end_to_end_resume_and_statistics(tmp_path, monkeypatch, capsys)
     assert "seed 0" in report and "seed 1" in report and saved["verdict"] in report
     assert f"{saved['arms']['mgk-2']['mean']['eval_loss']:.4g}" in report
     assert "scripts/reproduce.py --claim test-mlm" in report
+    assert "evaluated on the first 5,000 characters of the held-out plays" in report
     for figure in ("curves.png", "final.png"):
         assert os.path.getsize(os.path.join(out, "test-mlm", figure)) > 1000
 
@@ -283,7 +286,7 @@ def test_passthrough_flags_reach_the_training_script(tmp_path):
 
 def test_report_of_the_committed_heads_run_has_layers_and_rank_figure(tmp_path):
     """The heads claim's report from its results.json: the per-layer table and the rank histograms."""
-    results = json.load(open(os.path.join(ROOT, "docs", "reproductions", "heads", "results.json")))
+    results = json.load(open(os.path.join(ROOT, "docs", "reproductions", "full", "heads", "results.json")))
     figures = R.draw_figures(results, str(tmp_path))
     assert "ranks.png" in figures and os.path.getsize(tmp_path / "ranks.png") > 10000
     report = R.report_markdown(results, figures)

@@ -12,6 +12,7 @@ Torch only: this file travels next to the remote-code model files.
 """
 
 import importlib.util
+import math
 import os
 import shutil
 import time
@@ -20,9 +21,8 @@ import warnings
 import torch
 
 __all__ = [
-    "ENV", "RECOMPILE_LIMIT", "compile_count", "compile_failed", "compile_seconds", "reset", "run",
-    "warn_compile_unavailable",
-    "why_not_compiled",
+    "ENV", "RECOMPILE_LIMIT", "compile_count", "compile_failed", "compile_seconds", "counter_normal", "draw_seed",
+    "reset", "run", "warn_compile_unavailable", "why_not_compiled",
 ]
 
 # The environment variable that turns the compiled path off ("0", "false", "off" or "no").
@@ -132,3 +132,44 @@ def run(name, function, *args):
     if _graphs.get(name, 0) != graphs:
         _seconds[name] = _seconds.get(name, 0.0) + time.perf_counter() - start
     return result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Noise drawn inside a kernel. torch's random ops inside a compiled function give numbers that a separately
+# compiled backward cannot draw again; a counter-based generator can: each number is a hash of (seed, its index
+# in the whole tensor), so a backward (or a test) recomputes exactly the forward's noise from the seed, whatever
+# the blocks, and nothing of the noise's size is kept. Plain integer and float ops, which inductor fuses into the
+# kernel that uses the numbers.
+
+_M32 = 0xFFFFFFFF
+
+
+def _hash32(x):
+    """A 32-bit integer hash (C. Wellons' "lowbias32" finaliser) of int64 tensors holding values in [0, 2**32):
+    products wrap in int64 and keep their low 32 bits, which are all that is used."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def counter_normal(seed, index, dtype=torch.float32):
+    """N(0, 1) numbers, one per element of `index` (int64, >= 0), from `seed` (an int64 tensor, 0-d): the same
+    (seed, index) always gives the same number. Box-Muller on two 32-bit hashes of the index keyed by the seed
+    (the second a hash of the first), so one 32-bit draw decides each number: 2**32 equally likely values whose
+    distribution is the normal's (tested: moments, tails, neighbours uncorrelated); computed in float32."""
+    key = _hash32((_hash32((index >> 32) & _M32) + seed) & _M32)
+    first = _hash32((index & _M32) ^ key)
+    second = _hash32(first ^ 0x68E31DA4)
+    # float32 (fast on GPUs): u1 is in (0, 1], the log finite; 24 bits of u2 decide the angle
+    u1 = (first.to(torch.float32) + 0.5) * 2.0 ** -32
+    u2 = second.to(torch.float32) * 2.0 ** -32
+    return (torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * math.pi * u2)).to(dtype)
+
+
+def draw_seed(generator, device):
+    """A seed for counter_normal from `generator` (or torch's default generator), as an int64 0-d tensor on
+    `device`: seeded runs give the same noise."""
+    where = generator.device if generator is not None else "cpu"
+    return torch.randint(0, 2**31 - 1, (), generator=generator, device=where, dtype=torch.int64).to(device)

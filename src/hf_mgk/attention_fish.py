@@ -14,12 +14,16 @@ Admixture of Shared Heads", whose section and equation numbers are used here:
 * out_j = softmax(A_j + mask) V_j for the H local value heads; masks act on the mixed scores (a
   causal mask is applied after mixing).
 
-Three exact backends compute it (`choose_backend` picks one for backend="auto"):
+Four exact backends compute it (`choose_backend` picks one for backend="auto"; it never picks "compiled"):
   fused       linear mixing without noise as one SDPA call over H heads of query size M*D (_fused_attention);
   recomputed  blocks of query rows with a hand-written backward (_recomputed_attention), which keeps the blocks'
               scores and weights for backward up to a byte budget and recomputes them above (O(N) memory);
   blocked     the formula on blocks of query rows through autograd (_blocked_attention); with return_weights in
               one piece, the output computed from the returned weights.
+  compiled    the formula per block of query rows as plain torch functions fused by torch.compile, forward and a
+              hand-written backward that recomputes the block (section "compiled path"; attention_compile.py).
+              Its noise is drawn inside the kernel by a counter-based generator (other numbers than the eager
+              paths' draws from the same generator, with the same distribution).
 The plain reference the tests hold these to is in `hf_mgk.reference` (not part of this file).
 
 This file imports only the standard library, torch and its siblings, so it can be copied next to HuggingFace
@@ -33,17 +37,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention_blocks import autocast_enabled, resolve_backend, row_blocks
-from .attention_masks import allowed_pairs, causal_mask, is_tracing, masked_scores
+from .attention_compile import counter_normal, draw_seed, run as run_compiled, warn_compile_unavailable, why_not_compiled
+from .attention_masks import allowed_pairs, causal_mask, is_tracing, mask_kind, masked_scores
 
 __all__ = ["BACKENDS", "choose_backend", "fish_attention", "make_gfish_mixing"]
 
-BACKENDS = ("fused", "recomputed", "blocked")
+BACKENDS = ("fused", "recomputed", "blocked", "compiled")
 # Query rows per block of the blocked and recomputed paths; bounds the memory without autograd to B*H*rows*S
 # scores (hf-mgk's docs/benchmarks/kernel-notes.md#fish-block-rows).
 BLOCK_ROWS = 128
 # The recomputed path keeps its blocks' scores and weights for backward while they take at most this many bytes
 # per call (see _recomputed_attention).
 KEEP_BYTES = 2**28
+# Bytes of one block's scores (B, max(M, H), rows, S) in the compiled path: its block rows follow from it.
+COMPILED_BLOCK_BYTES = 2**26
 
 
 def choose_backend(*, mixing, noise, dropout, return_weights, device_type, dtype, autocast, requires_grad, tracing):
@@ -60,7 +67,8 @@ def choose_backend(*, mixing, noise, dropout, return_weights, device_type, dtype
     * with autograd, float32/64 outside autocast: an (M, H) tensor, MiSH with noise, and on the CPU the GFiSH
       network: recomputed;
     * everything else (MiSH without noise, whose H heads share one softmax computed once; other networks; dropout;
-      weights; autocast): blocked."""
+      weights; autocast): blocked.
+    It never names "compiled" (kernel notes, #fish-compiled-path)."""
     linear = mixing in ("heads", "shared") and not dropout and not return_weights
     training = requires_grad and not tracing
     if linear and mixing == "heads" and not noise and (device_type != "cpu" or not training):
@@ -72,8 +80,8 @@ def choose_backend(*, mixing, noise, dropout, return_weights, device_type, dtype
     return "blocked"
 
 
-def _refusals(*, mixing, noise, dropout, return_weights, dtype, autocast, tracing, **_):
-    """Why each backend cannot run a call (None: it can)."""
+def _refusals(*, mixing, noise, dropout, return_weights, dtype, autocast, tracing, mask=None, **_):
+    """Why each backend cannot run a call (None: it can); mask: None, "padding" or "pairs" (a whole 4-D mask)."""
     either = ("return_weights (only 'blocked' forms the weights)" if return_weights
               else "dropout" if dropout else None)
     fused = either or ("noise" if noise else None) or (
@@ -83,7 +91,11 @@ def _refusals(*, mixing, noise, dropout, return_weights, dtype, autocast, tracin
         else "MiSH without noise (its H heads share one softmax)" if mixing == "shared" and not noise
         else "half precision" if dtype not in (torch.float32, torch.float64)
         else "autocast" if autocast else "tracing or compiling" if tracing else None)
-    return {"fused": fused, "recomputed": recomputed, "blocked": None}
+    compiled = ("return_weights (only 'blocked' forms the weights)" if return_weights
+                else "a mixing network other than make_gfish_mixing's" if mixing == "module"
+                else "a whole 4-D mask" if mask == "pairs"
+                else "inside an outer trace or compile (the plain paths trace as they are)" if tracing else None)
+    return {"fused": fused, "recomputed": recomputed, "blocked": None, "compiled": compiled}
 
 
 def _mixing_kind(mixing):
@@ -100,7 +112,7 @@ def _requires_grad(query, key, value, mixing, noise_std):
 
 def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, attention_mask=None,
                    is_causal=False, return_weights=False, dropout_p=0.0, generator=None, backend="auto",
-                   block_rows=BLOCK_ROWS, keep_bytes=KEEP_BYTES):
+                   block_rows=BLOCK_ROWS, keep_bytes=KEEP_BYTES, compiled_block_bytes=COMPILED_BLOCK_BYTES):
     """FiSH / hard FiSH / MiSH / (hard) GFiSH attention, computed on an exact backend.
 
     Args:
@@ -114,7 +126,8 @@ def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, att
             it is applied to the scores moved to the last axis, shape (B, N, S, M) -> (B, N, S, H).
         scale: multiplies G_k = Q_k K_k^T before mixing; default 1/sqrt(D).
         noise_std: None (no noise, evaluation / hard variants) or a (M,) tensor of sigma_k (training).
-            Noise is drawn here, from ``generator`` if given.
+            Noise is drawn here, from ``generator`` if given (the compiled path draws one seed from it and the
+            numbers inside its kernel: `counter_normal`).
         attention_mask: bool (B, S), True = real token, or None; or a whole (B or 1, 1, N, S) mask for the
             pairs, bool (True = may attend) or additive float (added to the mixed scores), which is used as
             it is (with is_causal=False: it says which keys each query sees).
@@ -124,11 +137,13 @@ def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, att
         dropout_p: attention dropout on the probabilities (training only; the caller passes 0 in eval).
         generator: torch.Generator for the FiSH noise, so runs can be reproduced. The noise is drawn per block of
             `block_rows` query rows (`_draw_noise`), whatever the backend.
-        backend: "auto" (`choose_backend`) or one of BACKENDS ("fused", "recomputed", "blocked"; module
-            docstring); a ValueError names one that cannot run the call.
+        backend: "auto" (`choose_backend`) or one of BACKENDS ("fused", "recomputed", "blocked", "compiled";
+            module docstring); a ValueError names one that cannot run the call ("compiled" where nothing can
+            compile, e.g. HF_MGK_COMPILE=0, warns once and runs the "auto" rule's path).
         block_rows: query rows per block (blocked and recomputed paths, and the noise's blocks).
         keep_bytes: the recomputed path keeps its blocks' scores and weights for backward up to this many bytes,
             and recomputes them above.
+        compiled_block_bytes: the bytes of one block's scores in the compiled path.
 
     Returns:
         out (B, H, N, Dv), and with ``return_weights`` also the weights (B, H, N, S).
@@ -140,7 +155,13 @@ def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, att
                  return_weights=return_weights, device_type=query.device.type, dtype=query.dtype,
                  autocast=autocast_enabled(query.device.type),
                  requires_grad=_requires_grad(query, key, value, mixing, noise_std), tracing=is_tracing())
-    backend = resolve_backend(backend, choose_backend(**facts), _refusals(**facts))
+    backend = resolve_backend(backend, choose_backend(**facts), _refusals(**facts, mask=mask_kind(attention_mask)))
+    if backend == "compiled" and why_not_compiled(query.device.type) is not None:
+        warn_compile_unavailable(query.device.type)  # asked for by name where it cannot compile: the rule's path
+        backend = choose_backend(**facts)
+    if backend == "compiled":
+        return _fish_compiled(query, key, value, mixing, scale, noise_std, attention_mask, is_causal, dropout_p,
+                              generator, compiled_block_bytes)
     if backend == "fused":
         return _fused_attention(query, key, value, mixing, scale, attention_mask, is_causal)
     eps = _draw_noise(query, mixing, noise_std, H, S, is_causal, generator, block_rows)
@@ -395,6 +416,184 @@ class _RecomputedFiSH(torch.autograd.Function):
             dk3[:, :end].baddbmm_(dg.flatten(0, 1).transpose(1, 2), qb.flatten(0, 1))
         dstd = grads.pop() if std is not None else None
         return (dq, dk, dv, dstd, None, None, None, None, None, None, *grads)
+
+
+# ----------------------------------------------------------------------------------------------- compiled path
+# The formula per block of query rows as plain torch functions that torch.compile fuses (attention_compile), with
+# q already scaled and Hm mixed matrices (H, or 1 for MiSH without noise):
+#
+#     G = q k^T (B, M, n, e)
+#     linear:  A = mix(p, G) + std eps          std_j = |p_j sigma| (module docstring), eps (B, H, n, e)
+#     network: X = G + sigma eps (eps (B, M, n, e)),  R = ReLU(W1 X + b1),  A = W2 R + b2   (along the head axis)
+#     W = exp(A - m) / Z on the pairs the masks allow (m: the row's largest score; Z: the row sum; no key: W = 0)
+#     out = W v
+#
+# eps is counter_normal of (seed, position in the whole (B, heads, N, S) tensor), so backward recomputes the
+# block's noise, scores and weights from q and k (with the forward's m and Z) and nothing of size N x S is kept but
+# the dropout mask (bool). With dW = dout v^T (times the dropout mask), delta = sum_s W dW, dA = W (dW - delta):
+#     linear:  dp = sum G dA^T,  dstd_j = sum dA_j eps_j,  dG = mix(p^T, dA)   (MiSH: dA summed over the heads)
+#     network: db2 = sum dA, dW2 = sum dA R^T, dR = mix(W2, dA) (R > 0), db1 = sum dR, dW1 = sum dR X^T,
+#              dG = dX = mix(W1, dR), dsigma = sum dX eps
+#     dq = dG k, dk = dG^T q
+
+
+def _noise_index(shape, counter):
+    """Each element's position in the whole (B, heads, N, S) noise tensor; shape (B, heads, n, e) of a block,
+    counter = (seed, first row, N, S) as int64 (tensors, so no value is compiled into a graph)."""
+    b, h, n, e = shape
+    first, rows, keys = counter[1], counter[2], counter[3]
+    dev = counter.device
+    row = torch.arange(n, device=dev)[:, None] + first
+    at = (torch.arange(b, device=dev)[:, None] * h + torch.arange(h, device=dev))[:, :, None, None] * rows
+    return (at + row) * keys + torch.arange(e, device=dev)
+
+
+def _compiled_scores(q, k, params, std, counter, pad, offset, heads):
+    """The block's masked mixed scores A (B, Hm, n, e) (-inf where hidden) and what backward needs: G, the noise
+    (or None), the network's input X and hidden layer R (or None). heads: the noise's head count (H for linear
+    mixing, M for the network)."""
+    g = torch.matmul(q, k.transpose(-1, -2))
+    b_, _, n, e = g.shape
+    eps = None if std is None else counter_normal(counter[0], _noise_index((b_, heads, n, e), counter), g.dtype)
+    x = r = None
+    if len(params) == 1:
+        a = _mix(params[0], g)
+        if eps is not None:
+            a = a + std[:, None, None] * eps
+    else:
+        w1, b1, w2, b2 = params
+        x = g if eps is None else g + std[:, None, None] * eps
+        r = torch.relu(_mix(w1.t(), x) + b1[:, None, None])
+        a = _mix(w2.t(), r) + b2[:, None, None]
+    rows = torch.arange(n, device=q.device)[:, None] + offset
+    allowed = (torch.arange(e, device=q.device) <= rows) & pad[:, None, None, :]
+    return a.masked_fill(~allowed, -math.inf), g, eps, x, r
+
+
+def _compiled_weights(a, m=None, z=None):
+    """(W, m, Z) of masked scores: m the rows' largest score (0 where a row sees no key), Z the row sums (1 there,
+    so W = 0); m and Z given in backward."""
+    if m is None:
+        m = a.amax(-1, keepdim=True)
+        m = torch.where(m > -math.inf, m, torch.zeros_like(m))
+    e = torch.exp(a - m)
+    if z is None:
+        z = e.sum(-1, keepdim=True)
+        z = torch.where(z > 0, z, torch.ones_like(z))
+    return e / z, m, z
+
+
+def _fish_compiled_block_forward(q, k, v, params, std, counter, pad, offset, heads, dropout_p):
+    """One block's output (B, H, n, Dv), row shifts m and sums Z, dropout mask (or None)."""
+    a = _compiled_scores(q, k, params, std, counter, pad, offset, heads)[0]
+    w, m, z = _compiled_weights(a)
+    keep = None
+    if dropout_p > 0:  # independent per local head, also where MiSH shares one matrix
+        keep = torch.rand(w.shape[:1] + v.shape[1:2] + w.shape[2:], device=w.device) >= dropout_p
+        w = w * keep / (1.0 - dropout_p)
+    return torch.matmul(w, v), m, z, keep
+
+
+def _fish_compiled_block_backward(q, k, v, params, std, counter, pad, offset, heads, dropout_p, m, z, keep, dout):
+    """d/dq, d/dk, d/dv, d/dparams, d/dstd of one block (section comment)."""
+    a, g, eps, x, r = _compiled_scores(q, k, params, std, counter, pad, offset, heads)
+    w = _compiled_weights(a, m, z)[0]
+    dw = torch.matmul(dout, v.transpose(-1, -2))                                  # (B, H, n, e)
+    if dropout_p > 0:
+        scale = keep / (1.0 - dropout_p)
+        dv = torch.matmul((w * scale).transpose(-1, -2), dout)
+        dw = dw * scale
+    else:
+        dv = torch.matmul(w.transpose(-1, -2), dout)
+    da = w * (dw - (dw * w).sum(-1, keepdim=True))
+    sum_batch = lambda t, u: torch.matmul(t.flatten(2), u.flatten(2).transpose(-1, -2)).sum(0)  # sum_b t u^T
+    if len(params) == 1:
+        (p,) = params
+        dstd = None if eps is None else (da * eps).sum((0, 2, 3))
+        if p.shape[1] == 1:  # MiSH: the mixed matrix feeds every head
+            da = da.sum(1, keepdim=True)
+            dstd = None if dstd is None else dstd.sum(0, keepdim=True)
+        grads = (sum_batch(g, da),)
+        dg = _mix(p.t(), da)
+    else:
+        w1, _, w2, _ = params
+        dr = _mix(w2, da) * (r > 0)
+        dg = _mix(w1, dr)
+        grads = (sum_batch(dr, x), dr.sum((0, 2, 3)), sum_batch(da, r), da.sum((0, 2, 3)))
+        dstd = None if eps is None else (dg * eps).sum((0, 2, 3))
+    return torch.matmul(dg, k), torch.matmul(dg.transpose(-1, -2), q), dv, grads, dstd
+
+
+class _CompiledFiSH(torch.autograd.Function):
+    """The compiled path in blocks of query rows: forward and backward each one compiled function per block."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, std, seed, pad, heads, is_causal, dropout_p, block_rows, *params):
+        n, length = q.shape[2], k.shape[2]
+        outs, saved = [], []
+        for rows, end, _ in row_blocks(n, length, is_causal, block_rows, keep_empty=True):
+            # tensors, not ints: dynamo would specialise the values 0 and 1 (one more graph each)
+            offset = torch.tensor(rows.start + length - n if is_causal else length, device=q.device)
+            counter = torch.stack([seed, *(torch.tensor(i, device=q.device) for i in (rows.start, n, length))])
+            args = (q[:, :, rows], k[:, :, :end], v[:, :, :end], params, std, counter, pad[:, :end], offset, heads,
+                    dropout_p)
+            out, m, z, keep = run_compiled("fish_forward", _fish_compiled_block_forward, *args)
+            outs.append(out)
+            saved.append((rows, end, offset, counter, m, z, keep))
+        ctx.save_for_backward(q, k, v, std, pad, *params)
+        ctx.blocks, ctx.heads, ctx.dropout_p = saved, heads, dropout_p
+        return torch.cat(outs, dim=2)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        q, k, v, std, pad, *params = ctx.saved_tensors
+        dq, dk, dv = (torch.zeros_like(t) for t in (q, k, v))
+        grads = [torch.zeros_like(t) for t in params]
+        dstd = None if std is None else torch.zeros_like(std)
+        dout = dout.contiguous()
+        for rows, end, offset, counter, m, z, keep in ctx.blocks:
+            args = (q[:, :, rows], k[:, :, :end], v[:, :, :end], tuple(params), std, counter, pad[:, :end], offset,
+                    ctx.heads, ctx.dropout_p, m, z, keep, dout[:, :, rows])
+            bq, bk, bv, bgrads, bstd = run_compiled("fish_backward", _fish_compiled_block_backward, *args)
+            dq[:, :, rows] = bq
+            dk[:, :, :end] += bk
+            dv[:, :, :end] += bv
+            for total, part in zip(grads, bgrads):
+                total += part
+            if dstd is not None:
+                dstd += bstd
+        return (dq, dk, dv, dstd, None, None, None, None, None, None, *grads)
+
+
+def _fish_compiled(query, key, value, mixing, scale, noise_std, attention_mask, is_causal, dropout_p, generator,
+                   block_bytes):
+    """fish_attention through `_CompiledFiSH`, in float32 at least (half inputs computed in float32, the output
+    cast back). The noise's std is computed here with autograd (linear: |p_j sigma| per local head)."""
+    dtype = torch.promote_types(query.dtype, torch.float32)
+    q, k, v = (query * scale).to(dtype), key.to(dtype), value.to(dtype)
+    B, M, N, _ = q.shape
+    S, H = k.shape[2], v.shape[1]
+    if isinstance(mixing, nn.Module):
+        params = tuple(t.to(dtype) for t in (mixing[0].weight, mixing[0].bias, mixing[2].weight, mixing[2].bias))
+        std, heads = (None if noise_std is None else noise_std.to(dtype)), M
+    else:
+        params, heads = (mixing.to(dtype),), H
+        std = None if noise_std is None else torch.linalg.vector_norm(params[0] * noise_std.to(dtype)[:, None], dim=0)
+    seed = (draw_seed(generator, q.device) if noise_std is not None
+            else torch.zeros((), dtype=torch.int64, device=q.device))
+    pad = (torch.ones(B, S, dtype=torch.bool, device=q.device) if attention_mask is None
+           else attention_mask.bool())
+    block_rows = max(1, block_bytes // max(1, B * max(M, H) * S * q.element_size()))
+    out = _CompiledFiSH.apply(q, k, v, std, seed, pad, heads, is_causal, dropout_p, block_rows, *params)
+    return out.to(query.dtype)
+
+
+def compiled_noise(seed, B, heads, N, S, dtype=torch.float32, device=None):
+    """The whole (B, heads, N, S) noise the compiled path draws from `seed` (for tests and for reading it back)."""
+    seed = torch.as_tensor(seed, dtype=torch.int64, device=device)
+    counter = torch.stack([seed, *(torch.tensor(i, device=device) for i in (0, N, S))])
+    return counter_normal(seed, _noise_index((B, heads, N, S), counter), dtype)
 
 
 def _fused_attention(query, key, value, p, scale, attention_mask, is_causal):

@@ -16,14 +16,16 @@ from .masks import pair_mask, softmax_over_visible
 
 
 def fish_attention_reference(query, key, value, mixing, *, scale=None, noise_std=None, attention_mask=None,
-                             is_causal=False, return_weights=False, dropout_p=0.0, generator=None, block_rows=128):
+                             is_causal=False, return_weights=False, dropout_p=0.0, generator=None, block_rows=128,
+                             noise=None):
     """The formula in one piece, with the arguments of hf_mgk.fish_attention: query, key (B, M, N|S, D), value
     (B, H, S, Dv); mixing an (M, H) or (M, 1) tensor of p_kj, or a module mapping the last axis from M to H.
 
     Noise: sum_k p_kj sigma_k eps_jk with independent eps_jk ~ N(0, 1) has the distribution of one draw per local
     head scaled by sqrt(sum_k p_kj^2 sigma_k^2); that form is used (as fish_attention does), and its numbers are
     drawn in fish_attention's order (`_noise`, with the same `block_rows`), so that both give the same output from
-    one generator state. A query that sees no key gets a zero output. Softmax in float32 at least (as HF's eager
+    one generator state; or, given `noise` (B, M or H, N, S), those numbers (e.g. the compiled path's, which it draws
+    inside its kernel). A query that sees no key gets a zero output. Softmax in float32 at least (as HF's eager
     attention)."""
     B, M, N, D = query.shape
     S, H = key.shape[2], value.shape[1]
@@ -31,7 +33,9 @@ def fish_attention_reference(query, key, value, mixing, *, scale=None, noise_std
     g = torch.einsum("bknd,bksd->bkns", query, key) * scale                            # (B, M, N, S)
     network = isinstance(mixing, nn.Module)
     eps = None
-    if noise_std is not None:
+    if noise_std is not None and noise is not None:
+        eps = noise.to(query.dtype)
+    elif noise_std is not None:
         eps = _noise(B, M if network else H, N, S, is_causal, generator, block_rows, query)
     if network:
         if eps is not None:
