@@ -28,7 +28,7 @@ part) is printed beside it. The fish family adds its App. D tables (attention-ma
 baseline: time ratio beside the FLOP ratios, and the command that made it), --figures DIR one PNG per family and
 mode of the time ratio against N (solid) with the paper formula's FLOP ratio (dashed), and with several
 --head-dims one against the head size at the largest N; none of them overwrites an existing file without
---overwrite. --models-only skips the attention-alone tables (mgk, nprf).
+--overwrite. --models-only skips the attention-alone tables (mgk, fish, nprf).
 
 With several threads on cores that other work keeps busy, every parallelised op waits for its slowest thread
 (measured here: an in-place add on 2^20 floats, 0.24 ms on 1 thread, 4.5 ms on 2), which penalises models made
@@ -149,28 +149,33 @@ def mgk_attention_step(path, heads, length, batch, head_dim):
                                     backend=backend).backward(grad)
 
 
-def measure_mgk_attention(path, heads, length, batch, head_dim, repeats, threads):
-    """In the child: median fwd+bwd seconds, and FlopCounterMode's count of the (untimed) warm-up step."""
-    torch.set_num_threads(threads)
-    step = mgk_attention_step(path, heads, length, batch, head_dim)
+def _measure_alone(step, compiling, kernels, repeats):
+    """In the child: median fwd+bwd seconds of `step`, FlopCounterMode's count of the (untimed) warm-up step, and
+    for a compiled path the seconds its first calls spent compiling `kernels` (or why it did not compile)."""
+    from hf_mgk import attention_compile
 
     def counted():
         with flop_counter_mode() as fc:
             step()
         return fc.get_total_flops()
 
-    from hf_mgk import attention_compile
-
-    compiling = path != "sdpa" and MGK_PATHS[path][3] == "compiled"
     if compiling:  # compile (and count the FLOPs of) one untimed step first: the warm-up then times nothing new
         step()
     result, flops = _timed(step, repeats, counted)
     result["flops"] = flops
-    result["compile_s"] = sum(attention_compile.compile_seconds(k) for k in ("mgk_forward", "mgk_backward"))
+    result["compile_s"] = sum(attention_compile.compile_seconds(k) for k in kernels)
     failed = attention_compile.why_not_compiled(torch.get_default_device().type) if compiling else None
     if failed:
         result["error"] = f"not compiled: {failed}"
     return result
+
+
+def measure_mgk_attention(path, heads, length, batch, head_dim, repeats, threads):
+    """In the child: `_measure_alone` of one MGK path (or SDPA)."""
+    torch.set_num_threads(threads)
+    compiling = path != "sdpa" and MGK_PATHS[path][3] == "compiled"
+    return _measure_alone(mgk_attention_step(path, heads, length, batch, head_dim), compiling,
+                          ("mgk_forward", "mgk_backward"), repeats)
 
 
 def run_mgk_attention(args, spec):
@@ -220,7 +225,72 @@ def fish_cases(args, head_dim=None):
         cases[f"FiSH-GPT2 {kind}, {heads}+{m} heads"] = (
             "fish_gpt2", {**size, "n_head": heads, "head_dim": head_dim, "num_global_heads": m, "attention_type": kind})
     return {"lengths": args.lengths or [256, 512, 1024, 2048, 4096], "baseline": base, "cases": cases,
-            "flop_detail": True, "formula": "app_d", "train_tables": [print_flop_table, print_param_table]}
+            "flop_detail": True, "formula": "app_d", "train_tables": [print_flop_table, print_param_table],
+            "after": [run_fish_attention]}
+
+
+# ------------------------------------------------------------------ FiSH attention alone
+# Causal (as in GPT-2), forward + backward of one attention call: SDPA with H heads against each FiSH type with H
+# local heads mixed from M global ones, on the path the model's rule picks ("auto") and on the compiled path.
+FISH_NOISY = ("fish", "mish", "gfish")  # the types with training noise (FiSHGPT2Config.is_noisy)
+FISH_PATHS = {f"{kind}{', compiled' if backend == 'compiled' else ''}": (kind, backend)
+              for kind in FISH_TYPES for backend in ("auto", "compiled")}
+
+
+def fish_attention_step(path, heads, m, length, batch, head_dim):
+    """fwd+bwd of one causal attention call: SDPA with `heads` heads, or a FiSH path (FISH_PATHS) with `heads` local
+    and `m` global heads, its mixing as the model initialises it and sigma = 0.1 for the noisy types."""
+    from hf_mgk import attention_fish as af
+
+    g = _generator()
+    grad = torch.randn(batch, heads, length, head_dim, generator=g)
+    if path == "sdpa":
+        q, k, v = (torch.randn(batch, heads, length, head_dim, generator=g, requires_grad=True) for _ in range(3))
+        return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+    kind, backend = FISH_PATHS[path]
+    q, k = (torch.randn(batch, m, length, head_dim, generator=g, requires_grad=True) for _ in range(2))
+    v = torch.randn(batch, heads, length, head_dim, generator=g, requires_grad=True)
+    if kind.endswith("gfish"):
+        mixing = af.make_gfish_mixing(m, heads)
+    else:
+        mixing = torch.full((m, 1 if kind == "mish" else heads), 1.0 / m, requires_grad=True)
+    noise = torch.full((m,), 0.1, requires_grad=True) if kind in FISH_NOISY else None
+    return lambda: af.fish_attention(q, k, v, mixing, noise_std=noise, is_causal=True, backend=backend).backward(grad)
+
+
+def measure_fish_attention(path, heads, m, length, batch, head_dim, repeats, threads):
+    """In the child: `_measure_alone` of one FiSH path (or SDPA)."""
+    torch.set_num_threads(threads)
+    compiling = path != "sdpa" and FISH_PATHS[path][1] == "compiled"
+    return _measure_alone(fish_attention_step(path, heads, m, length, batch, head_dim), compiling,
+                          ("fish_forward", "fish_backward"), repeats)
+
+
+def run_fish_attention(args, spec):
+    """The attention alone, fwd+bwd, causal: each FiSH type on its auto and compiled paths against SDPA."""
+    heads, m, batch = args.heads, args.global_heads, args.batch
+    head_dim = GPT2_SIZE["n_embd"] // heads
+    lengths = args.lengths or [512, 1024]
+    paths = [p for p in FISH_PATHS if FISH_PATHS[p][0] in (args.fish_types or FISH_TYPES)]
+    rows = {(p, n): call_child("measure_fish_attention", [p, heads, m, n, batch, head_dim, args.repeats,
+                                                          args.threads])
+            for n in lengths for p in ("sdpa", *paths)}
+    print(f"\n## fish: attention alone, causal, forward + backward (B={batch}, D={head_dim}): each FiSH type with "
+          f"{heads} local heads mixed from {m} global ones, on the path its rule picks and compiled, against SDPA with "
+          f"{heads} heads; x = time / SDPA's. 'x counted FLOPs': FlopCounterMode on the step (SDPA by PyTorch's "
+          "formula). 'compile s': the compiled path's first calls that compiled a graph, not in its step time.")
+    print("| N | SDPA ms | path | ms | x SDPA | x counted FLOPs | peak MiB | compile s |")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|")
+    for n in lengths:
+        base = rows[("sdpa", n)]
+        for p in paths:
+            r = rows[(p, n)]
+            if "error" in r or "error" in base:
+                print(f"| {n} | | {p} | {r.get('error', base.get('error'))} | | | | |")
+                continue
+            compile_s = f"{r['compile_s']:.1f}" if r.get("compile_s") else ""
+            print(f"| {n} | {_ms(base['seconds'])} | {p} | {_ms(r['seconds'])} | {r['seconds'] / base['seconds']:.2f}"
+                  f" | {r['flops'] / base['flops']:.2f} | {r['peak_mib']:.0f} | {compile_s} |")
 
 
 # ------------------------------------------------------------------ fixed head size (concise multi-head attention)
@@ -888,7 +958,7 @@ def run_nprf(args):
 
 
 CHILD_FUNCTIONS = {"measure": measure, "measure_attention": measure_attention,
-                   "measure_mgk_attention": measure_mgk_attention}
+                   "measure_mgk_attention": measure_mgk_attention, "measure_fish_attention": measure_fish_attention}
 
 
 def _modes(args, spec):
@@ -913,7 +983,7 @@ def main():
                         "family's whole models: forward)")
     p.add_argument("--head-dims", type=int, nargs="*",
                    help="sweep the head size: the baseline gets --heads heads of each size (hidden = heads x size)")
-    p.add_argument("--models-only", action="store_true", help="skip the attention-alone tables (mgk, nprf)")
+    p.add_argument("--models-only", action="store_true", help="skip the attention-alone tables (mgk, fish, nprf)")
     p.add_argument("--csv", help="write one row per measurement to this CSV file")
     p.add_argument("--markdown", help="write the summary table (models vs baselines) to this Markdown file")
     p.add_argument("--figures", help="write PNG figures of the ratios to this folder")

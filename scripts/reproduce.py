@@ -218,7 +218,7 @@ def run_one(claim, arm, seed, args, data, passthrough, base):
             result = json.load(f)
         if result.get("argv") == argv:
             print(f"[{claim.name}] {arm.name} seed {seed}: finished earlier, read back", flush=True)
-            return result
+            return {**result, "read_back": True}
         print(f"[{claim.name}] {arm.name} seed {seed}: an earlier run used another command; running again",
               flush=True)
         os.remove(result_path)
@@ -273,7 +273,8 @@ def lm_head_share(claim, args, data):
 
 def budget(claim, args, passthrough):
     """What every arm shared, for results.json and the report."""
-    common = {"scale": args.scale, "seeds": args.seeds, "device": args.device, "threads": args.threads}
+    common = {"scale": args.scale, "seeds": args.seeds, "device": args.device, "threads": args.threads,
+              "jobs": args.jobs}
     if claim.kind == "nprf-stability":
         return {**common, "device": "cpu", "script": "scripts/nprf_stability.py",
                 "script_args": R.NPRF_SCRIPT_ARGS[args.scale] or "its defaults"}
@@ -288,6 +289,18 @@ def budget(claim, args, passthrough):
             "block_size": r.block_size, "learning_rate": r.learning_rate, "schedule": "cosine",
             "warmup_ratio": r.warmup_ratio, "weight_decay": r.weight_decay,
             "eval_stride": r.eval_stride if claim.kind == "clm" else 0, "model": r.model, "passthrough": passthrough}
+
+
+def elapsed_seconds(base, results, now):
+    """The claim's time from start to end: this call's, or where every run was read back (nothing trained now),
+    the earlier results.json's, so that regenerating a report keeps what the runs took."""
+    if any(not run.get("read_back") for run in results.values()):
+        return now
+    try:
+        with open(os.path.join(base, "results.json"), encoding="utf-8") as f:
+            return json.load(f).get("harness_seconds", now)
+    except (OSError, ValueError):
+        return now
 
 
 def run_claim(claim, args, passthrough):
@@ -332,7 +345,7 @@ def run_claim(claim, args, passthrough):
         "data": {k: data[k] for k in ("held_out_plays", "training_plays", "vocab_size", "validation_chars")
                  if k in data},
         "wall_seconds": sum(run["seconds"] for run in results.values()),
-        "harness_seconds": time.time() - start,
+        "harness_seconds": elapsed_seconds(base, results, time.time() - start),
         "command": shlex.join(["python", "scripts/reproduce.py", "--claim", claim.name, "--seeds",
                                *map(str, args.seeds), "--scale", args.scale, "--device", args.device,
                                *(["--max_steps", str(args.max_steps)] if args.max_steps else []),

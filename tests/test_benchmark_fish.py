@@ -6,13 +6,16 @@ asserted exactly, so the benchmark's counted column measures what App. D describ
 """
 
 
+import contextlib
+import io
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from hf_mgk.flops import fish_cost
 
-from conftest import load_benchmark_script
+from conftest import children_in_process, load_benchmark_script
 
 bench = load_benchmark_script("hf_mgk_benchmark_script")
 
@@ -115,3 +118,39 @@ def test_whole_model_counts():
         assert 2.5 * r["flops_fwd"] <= r["flops_fwd_bwd"] <= 3.5 * r["flops_fwd"]
     assert soft["flops_fwd"] - soft["flops_attn"] == fish["flops_fwd"] - fish["flops_attn"]
     assert fish["params_score"] < soft["params_score"]
+
+
+@pytest.mark.parametrize("path", ["sdpa", "hard_fish", "mish", "gfish"])
+def test_fish_attention_step_gives_gradients(path):
+    """The benchmark's step reaches every leaf: q, k, v, and the mixing and sigma where the type has them."""
+    step = bench.fish_attention_step(path, 4, 2, 24, 2, 8)
+    step()
+    leaves = [c.cell_contents for c in step.__closure__ if isinstance(c.cell_contents, torch.Tensor)
+              and c.cell_contents.requires_grad]
+    expected = 3 if path == "sdpa" else 3 + (path != "gfish") + (path in bench.FISH_NOISY)
+    assert len(leaves) == expected and all(t.grad is not None and torch.isfinite(t.grad).all() for t in leaves)
+
+
+def test_fish_attention_table_in_process(monkeypatch):
+    """Every FiSH type's auto and compiled rows beside SDPA, ratios from the printed times; with compiling turned
+    off the compiled rows say why."""
+    calls = []
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(bench, "call_child", children_in_process(bench, calls))
+    monkeypatch.setenv("HF_MGK_COMPILE", "0")
+    args = bench.argparse.Namespace(heads=4, global_heads=2, batch=1, repeats=1, threads=threads, lengths=[32],
+                                    fish_types=None)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        bench.run_fish_attention(args, {})
+    torch.set_num_threads(threads)
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.getvalue().splitlines()
+            if line.startswith("| 32 |")]
+    assert [r[2] for r in rows] == list(bench.FISH_PATHS) and len(rows) == 2 * len(bench.FISH_TYPES)
+    assert {c[1][0] for c in calls} == {"sdpa", *bench.FISH_PATHS}
+    compiled = [r for r in rows if r[2].endswith("compiled")]
+    assert all(r[3] == "not compiled: turned off by HF_MGK_COMPILE=0" for r in compiled)
+    for r in (r for r in rows if r not in compiled):
+        ms, base_ms, ratio = float(r[3]), float(r[1]), float(r[4])
+        assert abs(ratio - ms / base_ms) <= 0.005 + 0.011 * ms / base_ms
+        assert float(r[5]) > 0

@@ -837,7 +837,7 @@ def report_markdown(results, figures=()):
                   f"warm-up, weight decay {b['weight_decay']:g}, seeds {' '.join(map(str, seeds))}",
                   f"- base model: {json.dumps(b['model'])}; the arms' configs are in results.json"]
     else:
-        lines += [f"- {k}: {v}" for k, v in b.items() if k not in ("device", "threads")]
+        lines += [f"- {k}: {v}" for k, v in b.items() if k not in ("device", "threads", "jobs")]
     lines.append(f"- data: Shakespeare, {len(results['data']['training_plays'])} plays for training, held out whole: "
                  f"{', '.join(results['data']['held_out_plays'])}; a byte-level BPE of "
                  f"{results['data']['vocab_size']} tokens trained on the training plays only"
@@ -851,8 +851,10 @@ def report_markdown(results, figures=()):
         lines.append(f"- `eval_strided_perplexity`: the held-out plays as one token stream in windows of "
                      f"{b['block_size']} tokens advancing by {b['eval_stride']}, each token scored once (the "
                      "papers' protocol is stride 1)")
+    elapsed = (f"; {results['harness_seconds'] / 60:.1f} min from start to end, {b['jobs']} at a time"
+               if b.get("jobs") and results.get("harness_seconds") else "")
     lines += [f"- device `{b['device']}`, threads {b['threads'] or 'default'}; wall time of the runs "
-              f"{results['wall_seconds'] / 60:.1f} min (sum over runs)", "",
+              f"{results['wall_seconds'] / 60:.1f} min (sum over runs){elapsed}", "",
               "Command:", "", "```", results["command"], "```", ""]
     if results.get("notes"):
         lines += ["## Notes", "", results["notes"], ""]
