@@ -333,3 +333,18 @@ def test_nprf_result_counts_a_divergence(tmp_path):
     saved["runs"][0].update(first_nonfinite_loss=None, heldout_loss=6.2, loss=[7.0, 6.5])
     (tmp_path / "curves.json").write_text(json.dumps(saved))
     assert script.nprf_result(R.CLAIMS["nprf-stability"], str(tmp_path))["metrics"]["diverged"] == 0.0
+
+
+def test_regenerating_a_report_keeps_the_elapsed_time(tmp_path):
+    """A claim whose runs were all read back keeps the earlier results.json's start-to-end time (its report states
+    it against the budget); a claim that trained anything now reports this call's."""
+    script = load_script("reproduce")
+    read_back = {("a", 0): {"seconds": 90.0, "read_back": True}, ("b", 0): {"seconds": 80.0, "read_back": True}}
+    assert script.elapsed_seconds(str(tmp_path), read_back, 3.0) == 3.0  # nothing earlier to keep
+    (tmp_path / "results.json").write_text(json.dumps({"harness_seconds": 1140.0}))
+    assert script.elapsed_seconds(str(tmp_path), read_back, 3.0) == 1140.0
+    trained = {**read_back, ("c", 0): {"seconds": 70.0}}
+    assert script.elapsed_seconds(str(tmp_path), trained, 75.0) == 75.0
+    results = json.load(open(os.path.join(ROOT, "docs", "reproductions", "mgk-lm", "results.json")))
+    results["budget"]["jobs"] = 2
+    assert f"{results['harness_seconds'] / 60:.1f} min from start to end, 2 at a time" in R.report_markdown(results)
