@@ -49,8 +49,10 @@ BLOCK_ROWS = 128
 # The recomputed path keeps its blocks' scores and weights for backward while they take at most this many bytes
 # per call (see _recomputed_attention).
 KEEP_BYTES = 2**28
-# Bytes of one block's scores (B, max(M, H), rows, S) in the compiled path: its block rows follow from it.
-COMPILED_BLOCK_BYTES = 2**26
+# Bytes of one block's scores (B, max(M, H), rows, S) in the compiled path: its block rows follow from it. 2**23
+# gives 256 rows at B = 1, H = 8, S = 1024: causal blocks then skip most hidden keys (one block of all rows measured
+# 1.7x slower; kernel notes, #fish-compiled-path).
+COMPILED_BLOCK_BYTES = 2**23
 
 
 def choose_backend(*, mixing, noise, dropout, return_weights, device_type, dtype, autocast, requires_grad, tracing):
