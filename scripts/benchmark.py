@@ -170,6 +170,22 @@ def _measure_alone(step, compiling, kernels, repeats):
     return result
 
 
+def print_alone_rows(lengths, paths, rows, extra=lambda path, n, r, base: []):
+    """The attention-alone tables' rows: N, SDPA ms, path, ms, x SDPA, `extra`'s cells, x counted FLOPs, peak MiB,
+    compile s; a row that could not be measured says why."""
+    for n in lengths:
+        base = rows[("sdpa", n)]
+        for p in paths:
+            r = rows[(p, n)]
+            if "error" in r or "error" in base:
+                print(f"| {n} | | {p} | {r.get('error', base.get('error'))} |" + " |" * (4 + len(extra(p, n, {}, {}))))
+                continue
+            cells = [_ms(base["seconds"]), p, _ms(r["seconds"]), f"{r['seconds'] / base['seconds']:.2f}",
+                     *extra(p, n, r, base), f"{r['flops'] / base['flops']:.2f}", f"{r['peak_mib']:.0f}",
+                     f"{r['compile_s']:.1f}" if r.get("compile_s") else ""]
+            print(f"| {n} | " + " | ".join(cells) + " |")
+
+
 def measure_mgk_attention(path, heads, length, batch, head_dim, repeats, threads):
     """In the child: `_measure_alone` of one MGK path (or SDPA)."""
     torch.set_num_threads(threads)
@@ -192,18 +208,11 @@ def run_mgk_attention(args, spec):
           "not in its step time.")
     print("| N | SDPA ms | path | ms | x SDPA | x paper FLOPs | target (1.1x) | x counted FLOPs | peak MiB | compile s |")
     print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
-    for n in spec["lengths"]:
-        base = rows[("sdpa", n)]
-        for p in MGK_PATHS:
-            r = rows[(p, n)]
-            if "error" in r or "error" in base:
-                print(f"| {n} | | {p} | {r.get('error', base.get('error'))} | | | | | |")
-                continue
-            paper = mgk_paper_flops(p, heads, n, head_dim) / mgk_paper_flops("sdpa", heads, n, head_dim)
-            compile_s = f"{r['compile_s']:.1f}" if r.get("compile_s") else ""
-            print(f"| {n} | {_ms(base['seconds'])} | {p} | {_ms(r['seconds'])} | {r['seconds'] / base['seconds']:.2f}"
-                  f" | {paper:.2f} | {1.1 * paper:.3f} | {r['flops'] / base['flops']:.2f} | {r['peak_mib']:.0f} |"
-                  f" {compile_s} |")
+    def paper_cells(p, n, r, base):
+        paper = mgk_paper_flops(p, heads, n, head_dim) / mgk_paper_flops("sdpa", heads, n, head_dim)
+        return [f"{paper:.2f}", f"{1.1 * paper:.3f}"]
+
+    print_alone_rows(spec["lengths"], MGK_PATHS, rows, paper_cells)
 
 
 # ------------------------------------------------------------------ FiSH-GPT2
@@ -281,16 +290,7 @@ def run_fish_attention(args, spec):
           "formula). 'compile s': the compiled path's first calls that compiled a graph, not in its step time.")
     print("| N | SDPA ms | path | ms | x SDPA | x counted FLOPs | peak MiB | compile s |")
     print("|---:|---:|---|---:|---:|---:|---:|---:|")
-    for n in lengths:
-        base = rows[("sdpa", n)]
-        for p in paths:
-            r = rows[(p, n)]
-            if "error" in r or "error" in base:
-                print(f"| {n} | | {p} | {r.get('error', base.get('error'))} | | | | |")
-                continue
-            compile_s = f"{r['compile_s']:.1f}" if r.get("compile_s") else ""
-            print(f"| {n} | {_ms(base['seconds'])} | {p} | {_ms(r['seconds'])} | {r['seconds'] / base['seconds']:.2f}"
-                  f" | {r['flops'] / base['flops']:.2f} | {r['peak_mib']:.0f} | {compile_s} |")
+    print_alone_rows(lengths, paths, rows)
 
 
 # ------------------------------------------------------------------ fixed head size (concise multi-head attention)

@@ -138,6 +138,7 @@ def test_compiled_refusals_and_the_fallback(monkeypatch):
     assert all(AF.choose_backend(**dict(facts, **change)) != "compiled"
                for change in ({}, {"tracing": True}, {"device_type": "cuda"}, {"mixing": "gfish"}))
     monkeypatch.setenv(attention_compile.ENV, "0")
+    monkeypatch.setattr(attention_compile, "_warned", set())  # warned once per process: maybe by an earlier test
     with pytest.warns(RuntimeWarning, match="cannot run on cpu: turned off by HF_MGK_COMPILE=0"):
         out = AF.fish_attention(*args, **kwargs, backend="compiled", generator=torch.Generator().manual_seed(1))
     assert torch.equal(out, AF.fish_attention(*args, **kwargs, generator=torch.Generator().manual_seed(1)))

@@ -22,7 +22,7 @@ import torch
 
 __all__ = [
     "ENV", "RECOMPILE_LIMIT", "compile_count", "compile_failed", "compile_seconds", "counter_normal", "draw_seed",
-    "reset", "run", "warn_compile_unavailable", "why_not_compiled",
+    "reset", "run", "value_backward", "warn_compile_unavailable", "why_not_compiled",
 ]
 
 # The environment variable that turns the compiled path off ("0", "false", "off" or "no").
@@ -173,3 +173,13 @@ def draw_seed(generator, device):
     `device`: seeded runs give the same noise."""
     where = generator.device if generator is not None else "cpu"
     return torch.randint(0, 2**31 - 1, (), generator=generator, device=where, dtype=torch.int64).to(device)
+
+
+def value_backward(weights, value, dout, keep, dropout_p):
+    """The part of a compiled backward every attention shares, out = dropout(weights) @ value: (d/dweights before
+    dropout, d/dvalue). keep: the forward's dropout mask (bool) or None."""
+    dw = torch.matmul(dout, value.transpose(-1, -2))
+    if dropout_p > 0:
+        scale = keep / (1.0 - dropout_p)
+        return dw * scale, torch.matmul((weights * scale).transpose(-1, -2), dout)
+    return dw, torch.matmul(weights.transpose(-1, -2), dout)

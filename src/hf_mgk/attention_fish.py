@@ -37,7 +37,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention_blocks import autocast_enabled, resolve_backend, row_blocks
-from .attention_compile import counter_normal, draw_seed, run as run_compiled, warn_compile_unavailable, why_not_compiled
+from .attention_compile import counter_normal, draw_seed, run as run_compiled, value_backward
+from .attention_compile import warn_compile_unavailable, why_not_compiled
 from .attention_masks import allowed_pairs, causal_mask, is_tracing, mask_kind, masked_scores
 
 __all__ = ["BACKENDS", "choose_backend", "fish_attention", "make_gfish_mixing"]
@@ -500,13 +501,7 @@ def _fish_compiled_block_backward(q, k, v, params, std, counter, pad, offset, he
     """d/dq, d/dk, d/dv, d/dparams, d/dstd of one block (section comment)."""
     a, g, eps, x, r = _compiled_scores(q, k, params, std, counter, pad, offset, heads)
     w = _compiled_weights(a, m, z)[0]
-    dw = torch.matmul(dout, v.transpose(-1, -2))                                  # (B, H, n, e)
-    if dropout_p > 0:
-        scale = keep / (1.0 - dropout_p)
-        dv = torch.matmul((w * scale).transpose(-1, -2), dout)
-        dw = dw * scale
-    else:
-        dv = torch.matmul(w.transpose(-1, -2), dout)
+    dw, dv = value_backward(w, v, dout, keep, dropout_p)                         # dw (B, H, n, e)
     da = w * (dw - (dw * w).sum(-1, keepdim=True))
     sum_batch = lambda t, u: torch.matmul(t.flatten(2), u.flatten(2).transpose(-1, -2)).sum(0)  # sum_b t u^T
     if len(params) == 1:

@@ -29,7 +29,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .attention_compile import run as run_compiled, warn_compile_unavailable, why_not_compiled
+from .attention_compile import run as run_compiled, value_backward, warn_compile_unavailable, why_not_compiled
 from .attention_blocks import autocast_enabled, resolve_backend, row_blocks
 from .attention_masks import allowed_pairs, causal_mask, is_tracing, mask_kind, masked_scores
 
@@ -557,13 +557,7 @@ def _mgk_compiled_block_backward(q, kk, x, y, s, v, pad, offset, hard, dropout_p
     weights, p, _ = _compiled_probs(_compiled_scores(q, kk, x, y, s, pad, offset), hard, m)
     z = torch.where(z > 0, z, torch.ones_like(z))
     a = p / z
-    da = torch.matmul(dout, v.transpose(-1, -2))
-    if dropout_p > 0:
-        scale = keep / (1.0 - dropout_p)
-        dv = torch.matmul((a * scale).transpose(-1, -2), dout)
-        da = da * scale
-    else:
-        dv = torch.matmul(a.transpose(-1, -2), dout)
+    da, dv = value_backward(a, v, dout, keep, dropout_p)
     delta = (da * a).sum(-1, keepdim=True)
     if hard:
         dl = (a * (da - delta))[:, :, :, None] * weights                        # (B, H, n, M, S)
