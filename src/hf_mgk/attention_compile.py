@@ -158,13 +158,15 @@ def counter_normal(seed, index, dtype=torch.float32):
     """N(0, 1) numbers, one per element of `index` (int64, >= 0), from `seed` (an int64 tensor, 0-d): the same
     (seed, index) always gives the same number. Box-Muller on two 32-bit hashes of the index keyed by the seed
     (the second a hash of the first), so one 32-bit draw decides each number: 2**32 equally likely values whose
-    distribution is the normal's (tested: moments, tails, neighbours uncorrelated); computed in float32."""
+    distribution is the normal's (tested: moments, tails, neighbours uncorrelated)."""
     key = _hash32((_hash32((index >> 32) & _M32) + seed) & _M32)
     first = _hash32((index & _M32) ^ key)
     second = _hash32(first ^ 0x68E31DA4)
-    # float32 (fast on GPUs): u1 is in (0, 1], the log finite; 24 bits of u2 decide the angle
-    u1 = (first.to(torch.float32) + 0.5) * 2.0 ** -32
-    u2 = second.to(torch.float32) * 2.0 ** -32
+    # float32 at least (fast on GPUs; float64 for float64, so that a compiled kernel's log and cos, which may differ
+    # from eager torch's by an ulp, stay 1e-16 apart there): u1 is in (0, 1], the log finite
+    work = torch.promote_types(dtype, torch.float32)
+    u1 = (first.to(work) + 0.5) * 2.0 ** -32
+    u2 = second.to(work) * 2.0 ** -32
     return (torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * math.pi * u2)).to(dtype)
 
 
