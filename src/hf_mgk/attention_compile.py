@@ -22,7 +22,7 @@ import torch
 
 __all__ = [
     "ENV", "RECOMPILE_LIMIT", "compile_count", "compile_failed", "compile_seconds", "counter_normal", "draw_seed",
-    "reset", "run", "value_backward", "warn_compile_unavailable", "why_not_compiled",
+    "reset", "run", "usable", "value_backward", "warn_compile_unavailable", "why_not_compiled",
 ]
 
 # The environment variable that turns the compiled path off ("0", "false", "off" or "no").
@@ -66,6 +66,15 @@ def warn_compile_unavailable(device_type):
         _warned.add((why, device_type))
         warnings.warn(f"hf-mgk: backend 'compiled' cannot run on {device_type}: {why}; using the eager path",
                       RuntimeWarning, stacklevel=3)
+
+
+def usable(backend, device_type, eager):
+    """`backend`, or where it is "compiled" and nothing can compile on `device_type` (turned off, no compiler, an
+    earlier failure), one warning (`warn_compile_unavailable`) and `eager()`, the caller's rule's eager path."""
+    if backend == "compiled" and why_not_compiled(device_type) is not None:
+        warn_compile_unavailable(device_type)
+        return eager()
+    return backend
 
 
 def reset():

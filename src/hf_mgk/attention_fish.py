@@ -37,8 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention_blocks import autocast_enabled, resolve_backend, row_blocks
-from .attention_compile import counter_normal, draw_seed, run as run_compiled, value_backward
-from .attention_compile import warn_compile_unavailable, why_not_compiled
+from .attention_compile import counter_normal, draw_seed, run as run_compiled, usable, value_backward
 from .attention_masks import allowed_pairs, causal_mask, is_tracing, mask_kind, masked_scores
 
 __all__ = ["BACKENDS", "choose_backend", "fish_attention", "make_gfish_mixing"]
@@ -159,9 +158,7 @@ def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, att
                  autocast=autocast_enabled(query.device.type),
                  requires_grad=_requires_grad(query, key, value, mixing, noise_std), tracing=is_tracing())
     backend = resolve_backend(backend, choose_backend(**facts), _refusals(**facts, mask=mask_kind(attention_mask)))
-    if backend == "compiled" and why_not_compiled(query.device.type) is not None:
-        warn_compile_unavailable(query.device.type)  # asked for by name where it cannot compile: the rule's path
-        backend = choose_backend(**facts)
+    backend = usable(backend, query.device.type, lambda: choose_backend(**facts))
     if backend == "compiled":
         return _fish_compiled(query, key, value, mixing, scale, noise_std, attention_mask, is_causal, dropout_p,
                               generator, compiled_block_bytes)
@@ -440,6 +437,11 @@ class _RecomputedFiSH(torch.autograd.Function):
 #     dq = dG k, dk = dG^T q
 
 
+def _counter(seed, first, rows, keys):
+    """(seed, first row, N, S) as one int64 tensor (values, not ints, so that no graph is compiled per value)."""
+    return torch.stack([seed, *(torch.tensor(i, device=seed.device) for i in (first, rows, keys))])
+
+
 def _noise_index(shape, counter):
     """Each element's position in the whole (B, heads, N, S) noise tensor; shape (B, heads, n, e) of a block,
     counter = (seed, first row, N, S) as int64 (tensors, so no value is compiled into a graph)."""
@@ -531,7 +533,7 @@ class _CompiledFiSH(torch.autograd.Function):
         for rows, end, _ in row_blocks(n, length, is_causal, block_rows, keep_empty=True):
             # tensors, not ints: dynamo would specialise the values 0 and 1 (one more graph each)
             offset = torch.tensor(rows.start + length - n if is_causal else length, device=q.device)
-            counter = torch.stack([seed, *(torch.tensor(i, device=q.device) for i in (rows.start, n, length))])
+            counter = _counter(seed, rows.start, n, length)
             args = (q[:, :, rows], k[:, :, :end], v[:, :, :end], params, std, counter, pad[:, :end], offset, heads,
                     dropout_p)
             out, m, z, keep = run_compiled("fish_forward", _fish_compiled_block_forward, *args)
@@ -589,8 +591,7 @@ def _fish_compiled(query, key, value, mixing, scale, noise_std, attention_mask, 
 def compiled_noise(seed, B, heads, N, S, dtype=torch.float32, device=None):
     """The whole (B, heads, N, S) noise the compiled path draws from `seed` (for tests and for reading it back)."""
     seed = torch.as_tensor(seed, dtype=torch.int64, device=device)
-    counter = torch.stack([seed, *(torch.tensor(i, device=device) for i in (0, N, S))])
-    return counter_normal(seed, _noise_index((B, heads, N, S), counter), dtype)
+    return counter_normal(seed, _noise_index((B, heads, N, S), _counter(seed, 0, N, S)), dtype)
 
 
 def _fused_attention(query, key, value, p, scale, attention_mask, is_causal):

@@ -29,7 +29,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .attention_compile import run as run_compiled, value_backward, warn_compile_unavailable, why_not_compiled
+from .attention_compile import run as run_compiled, usable, value_backward
 from .attention_blocks import autocast_enabled, resolve_backend, row_blocks
 from .attention_masks import allowed_pairs, causal_mask, is_tracing, mask_kind, masked_scores
 
@@ -99,11 +99,7 @@ def _backend(backend, query, attention_mask, e_step, return_weights):
                  autocast=autocast_enabled(query.device.type), tracing=is_tracing(),
                  mask=mask_kind(attention_mask))
     chosen = resolve_backend(backend, choose_backend(**facts), _refusals(**facts))
-    if chosen == "compiled" and why_not_compiled(query.device.type) is not None:
-        # asked for by name where it cannot compile (no compiler, turned off, failed before): the eager rule's path
-        warn_compile_unavailable(query.device.type)
-        return choose_backend(**facts)
-    return chosen
+    return usable(chosen, query.device.type, lambda: choose_backend(**facts))
 
 
 def _as_variances(variances, like: torch.Tensor, num_keys: int) -> torch.Tensor:
