@@ -20,9 +20,12 @@ import warnings
 
 import torch
 
+from .attention_blocks import row_blocks
+
 __all__ = [
-    "ENV", "RECOMPILE_LIMIT", "compile_count", "compile_failed", "compile_seconds", "counter_normal", "draw_seed",
-    "reset", "run", "usable", "value_backward", "warn_compile_unavailable", "why_not_compiled",
+    "ENV", "RECOMPILE_LIMIT", "block_offsets", "compile_count", "compile_failed", "compile_seconds",
+    "counter_normal", "draw_seed", "key_padding", "reset", "run", "usable", "value_backward",
+    "warn_compile_unavailable", "why_not_compiled",
 ]
 
 # The environment variable that turns the compiled path off ("0", "false", "off" or "no").
@@ -184,6 +187,21 @@ def draw_seed(generator, device):
     `device`: seeded runs give the same noise."""
     where = generator.device if generator is not None else "cpu"
     return torch.randint(0, 2**31 - 1, (), generator=generator, device=where, dtype=torch.int64).to(device)
+
+
+def key_padding(attention_mask, batch, length, device):
+    """The compiled kernels' key mask (B, S), True = a real key: every key where no mask is given."""
+    if attention_mask is None:
+        return torch.ones(batch, length, dtype=torch.bool, device=device)
+    return attention_mask.bool()
+
+
+def block_offsets(n, length, is_causal, block_rows, device):
+    """(rows, end, offset) per block of query rows (`row_blocks`, every row in a block): a kernel's query i of the
+    block sees keys j <= i + offset. offset is a 0-d tensor, not an int: dynamo would specialise the values 0 and
+    1 (one more graph each); not causal, offset = length (every key)."""
+    for rows, end, _ in row_blocks(n, length, is_causal, block_rows, keep_empty=True):
+        yield rows, end, torch.tensor(rows.start + length - n if is_causal else length, device=device)
 
 
 def value_backward(weights, value, dout, keep, dropout_p):

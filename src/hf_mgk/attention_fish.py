@@ -37,7 +37,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention_blocks import autocast_enabled, resolve_backend, row_blocks
-from .attention_compile import counter_normal, draw_seed, run as run_compiled, usable, value_backward
+from .attention_compile import (
+    block_offsets, counter_normal, draw_seed, key_padding, run as run_compiled, usable, value_backward,
+)
 from .attention_masks import allowed_pairs, causal_mask, is_tracing, mask_kind, masked_scores
 
 __all__ = ["BACKENDS", "choose_backend", "fish_attention", "make_gfish_mixing"]
@@ -530,9 +532,8 @@ class _CompiledFiSH(torch.autograd.Function):
     def forward(ctx, q, k, v, std, seed, pad, heads, is_causal, dropout_p, block_rows, *params):
         n, length = q.shape[2], k.shape[2]
         outs, saved = [], []
-        for rows, end, _ in row_blocks(n, length, is_causal, block_rows, keep_empty=True):
-            # tensors, not ints: dynamo would specialise the values 0 and 1 (one more graph each)
-            offset = torch.tensor(rows.start + length - n if is_causal else length, device=q.device)
+        for rows, end, offset in block_offsets(n, length, is_causal, block_rows, q.device):
+            # the counter as tensors too (no graph per value)
             counter = _counter(seed, rows.start, n, length)
             args = (q[:, :, rows], k[:, :, :end], v[:, :, :end], params, std, counter, pad[:, :end], offset, heads,
                     dropout_p)
@@ -581,8 +582,7 @@ def _fish_compiled(query, key, value, mixing, scale, noise_std, attention_mask, 
         std = None if noise_std is None else torch.linalg.vector_norm(params[0] * noise_std.to(dtype)[:, None], dim=0)
     seed = (draw_seed(generator, q.device) if noise_std is not None
             else torch.zeros((), dtype=torch.int64, device=q.device))
-    pad = (torch.ones(B, S, dtype=torch.bool, device=q.device) if attention_mask is None
-           else attention_mask.bool())
+    pad = key_padding(attention_mask, B, S, q.device)
     block_rows = max(1, block_bytes // max(1, B * max(M, H) * S * q.element_size()))
     out = _CompiledFiSH.apply(q, k, v, std, seed, pad, heads, is_causal, dropout_p, block_rows, *params)
     return out.to(query.dtype)

@@ -29,7 +29,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .attention_compile import run as run_compiled, usable, value_backward
+from .attention_compile import block_offsets, key_padding, run as run_compiled, usable, value_backward
 from .attention_blocks import autocast_enabled, resolve_backend, row_blocks
 from .attention_masks import allowed_pairs, causal_mask, is_tracing, mask_kind, masked_scores
 
@@ -575,9 +575,7 @@ class _CompiledMGK(torch.autograd.Function):
     def forward(ctx, q, kk, x, y, v, s, pad, hard, is_causal, dropout_p, block_rows):
         n, length = q.shape[2], kk.shape[3]
         outs, saved = [], []
-        for rows, end, _ in row_blocks(n, length, is_causal, block_rows, keep_empty=True):
-            # a tensor, not an int: dynamo would specialise the values 0 and 1 (one more graph each)
-            offset = torch.tensor(rows.start + length - n if is_causal else length, device=q.device)
+        for rows, end, offset in block_offsets(n, length, is_causal, block_rows, q.device):
             args = (q[:, :, rows], kk[..., :end, :], x[..., rows], y[..., :end], s, v[:, :, :end], pad[:, :end],
                     offset, hard, dropout_p)
             out, z, m, keep = run_compiled("mgk_forward", _mgk_compiled_block_forward, *args)
@@ -627,8 +625,7 @@ def _mgk_compiled(query, keys, key_shift, value, var, log_prior, e_step, attenti
         x = x + log_prior.to(dtype)[None, :, :, None]
     b_, h, n = q.shape[:3]
     length = kk.shape[3]
-    pad = (torch.ones(b_, length, dtype=torch.bool, device=q.device) if attention_mask is None
-           else attention_mask.bool())
+    pad = key_padding(attention_mask, b_, length, q.device)
     block_rows = max(1, block_bytes // max(1, b_ * h * m * length * q.element_size()))
     out = _CompiledMGK.apply(q, kk, x, y, v, s, pad, hard, is_causal, dropout_p, block_rows)
     return out.to(query.dtype)
