@@ -8,7 +8,7 @@
     python scripts/benchmark.py --family headsize             # fixed head sizes 128 / 32 vs BERT's 64, equal parameters
     python scripts/benchmark.py --family mgk-gpt2             # MGK-GPT2 (H/2 heads) vs GPT-2 (H heads, SDPA)
     python scripts/benchmark.py --family mgk --head-dims 32 64 128 --lengths 512 --figures figs   # ratio vs head size
-    python scripts/benchmark.py --family all --models-only --mode both --threads 1 --lengths 256 512 1024 \
+    python scripts/benchmark.py --family all --models-only --mode both --interleave --lengths 256 512 1024 2048 \
         --csv results.csv --markdown results.md --figures figures      # the README's results table and figures
     python scripts/benchmark.py --family mgk --device cuda    # on a GPU (synchronised timings, CUDA peak memory)
 
@@ -17,7 +17,10 @@ steps. `--mode train` (the default) times a training step (forward + backward of
 LM head, so the vocabulary projection does not hide the attention), `--mode forward` a forward under
 torch.no_grad() in eval mode, `--mode both` each. Memory is the peak the step adds above the loaded model (CPU: peak
 RSS minus the RSS before the first step; CUDA: torch.cuda.max_memory_allocated minus the memory allocated before).
-Shared machines are noisy: read the ratios, which are taken in the same run. tokens/s = batch * N / step time.
+Shared machines are noisy: read the ratios, which are taken in the same run. With `--interleave` the whole models
+of a family are also timed together at each length, one child building them all and alternating their steps
+(`measure_interleaved`), so that the baseline and each model see the same machine state; memory, parameters and
+FLOPs still come from each case's own child. tokens/s = batch * N / step time.
 
 FLOPs, for every model: torch.utils.flop_counter.FlopCounterMode counts the (untimed) warm-up step (see
 count_flops and flop_counter_mode), the whole step and the attention layers' forward share, and each family's paper
@@ -546,14 +549,11 @@ def _rss_bytes():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def measure(kind, overrides, length, batch, repeats, threads, detail=False, mode="train"):
-    """Runs in the child: median step seconds, peak added MiB, parameter count and FlopCounterMode's counts
-    (count_flops; with `detail`, FiSH's flop_report), taken on the (untimed) warm-up step. mode "train": forward,
-    backward and an SGD step; "forward": a forward in eval mode under no_grad."""
-    torch.set_num_threads(threads)
+def model_step(kind, overrides, length, batch, mode):
+    """(model, ids, step) of one case: step(on_forward) runs mode "train" (forward, backward and an SGD step) or
+    "forward" (a forward in eval mode under no_grad), calling on_forward after the forward."""
     torch.manual_seed(0)
     model = build(kind, overrides, length).train(mode == "train")
-    params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     ids = torch.randint(3, model.config.vocab_size, (batch, length))  # ids 0-2 are RoBERTa's special tokens
 
@@ -568,6 +568,16 @@ def measure(kind, overrides, length, batch, repeats, threads, detail=False, mode
         hidden.float().pow(2).mean().backward()
         opt.step()
 
+    return model, ids, step
+
+
+def measure(kind, overrides, length, batch, repeats, threads, detail=False, mode="train"):
+    """Runs in the child: median step seconds (None with repeats = 0), peak added MiB, parameter count and
+    FlopCounterMode's counts (count_flops; with `detail`, FiSH's flop_report), taken on the (untimed) warm-up step
+    of `model_step`."""
+    torch.set_num_threads(threads)
+    model, ids, step = model_step(kind, overrides, length, batch, mode)
+    params = sum(p.numel() for p in model.parameters())
     # warm-up: allocations, kernel selection; and the step FlopCounterMode counts (untimed)
     attention = BUILDERS[kind][9]
     warm_up = (lambda: flop_report(model, ids, step)) if detail else (
@@ -591,8 +601,26 @@ def call_child(name, call_args):
 
 
 def run_child(kind, overrides, length, args, detail=False, mode="train", repeats=None):
-    return call_child("measure", [kind, overrides, length, args.batch, repeats or args.repeats, args.threads,
-                                  detail, mode])
+    return call_child("measure", [kind, overrides, length, args.batch, args.repeats if repeats is None else repeats,
+                                  args.threads, detail, mode])
+
+
+def run_cases(spec, length, args, mode):
+    """{(case, length): result} of every case of a family at one length: each case's own child (memory, FLOPs,
+    parameters; and its time unless --interleave), then with --interleave one child that times all of them
+    alternating (`measure_interleaved`), whose times replace the separate ones."""
+    repeats = args.repeats if length <= spec.get("repeat_up_to", math.inf) else 1
+    detail = spec.get("flop_detail", False) and mode == "train"
+    results = {(case, length): run_child(kind, overrides, length, args, detail, mode, 0 if args.interleave else repeats)
+               for case, (kind, overrides) in spec["cases"].items()}
+    if args.interleave:
+        timed = call_child("measure_interleaved", [list(spec["cases"].values()), length, args.batch, repeats,
+                                                   args.threads, mode])
+        for case, seconds in zip(spec["cases"], timed.get("seconds") or [None] * len(spec["cases"])):
+            result = results[(case, length)] = {**results[(case, length)], "seconds": seconds}
+            if "error" in timed and "error" not in result:
+                result["error"] = f"interleaved timing: {timed['error']}"
+    return results
 
 
 # ------------------------------------------------------------------ rows: one per measurement, for every output
@@ -699,7 +727,8 @@ def write_markdown(path, rows, args):
     command = " ".join(["python", "scripts/benchmark.py", *sys.argv[1:]])
     text = [f"Command: `{command}`", "",
             f"torch {torch.__version__}, device {DEVICE}, {args.threads} threads, batch {args.batch}, median of "
-            f"{args.repeats} steps. time x baseline = ms / the baseline's ms at the same N in the same run; FLOPs x: "
+            f"{args.repeats} steps{', the models alternating in one process (--interleave)' if args.interleave else ''}"
+            ". time x baseline = ms / the baseline's ms at the same N in the same run; FLOPs x: "
             "FlopCounterMode on the timed step (forward + backward in training) and on the attention layers' "
             "forward, and the paper's formula (forward) over what it covers.", "",
             markdown_table([r for r in rows if not r["baseline"]], SUMMARY), ""]
@@ -867,7 +896,27 @@ def _timed(step, repeats, warm_up=None):
         if _cuda():
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    return {"seconds": statistics.median(times), "peak_mib": max(peak, 0) / 2**20}, warm
+    return {"seconds": statistics.median(times) if times else None, "peak_mib": max(peak, 0) / 2**20}, warm
+
+
+def measure_interleaved(cases, length, batch, repeats, threads, mode):
+    """Runs in the child (--interleave): every case's `model_step` built in this one process and warmed up, then
+    `repeats` rounds that each time one step of every case in turn; the median seconds per case, in order. The
+    cases' steps alternate, so the baseline and each model are timed under the same machine state (load, clock),
+    where separate children are timed minutes apart."""
+    torch.set_num_threads(threads)
+    steps = [model_step(kind, overrides, length, batch, mode)[2] for kind, overrides in cases]
+    for step in steps:
+        step()
+    times = [[] for _ in steps]
+    for _ in range(repeats):
+        for step, took in zip(steps, times):
+            start = time.perf_counter()
+            step()
+            if _cuda():
+                torch.cuda.synchronize()
+            took.append(time.perf_counter() - start)
+    return {"seconds": [statistics.median(took) for took in times]}
 
 
 def measure_attention(path, length, causal, batch, repeats, threads):
@@ -957,7 +1006,8 @@ def run_nprf(args):
                                    "largest N measured for both)"))
 
 
-CHILD_FUNCTIONS = {"measure": measure, "measure_attention": measure_attention,
+CHILD_FUNCTIONS = {"measure": measure, "measure_interleaved": measure_interleaved,
+                   "measure_attention": measure_attention,
                    "measure_mgk_attention": measure_mgk_attention, "measure_fish_attention": measure_fish_attention}
 
 
@@ -984,6 +1034,10 @@ def main():
     p.add_argument("--head-dims", type=int, nargs="*",
                    help="sweep the head size: the baseline gets --heads heads of each size (hidden = heads x size)")
     p.add_argument("--models-only", action="store_true", help="skip the attention-alone tables (mgk, fish, nprf)")
+    p.add_argument("--interleave", action="store_true",
+                   help="time the whole models of a family at each length in one child, their steps alternating "
+                        "(the same machine state for the baseline and each model; memory and FLOPs still from "
+                        "each case's own child)")
     p.add_argument("--csv", help="write one row per measurement to this CSV file")
     p.add_argument("--markdown", help="write the summary table (models vs baselines) to this Markdown file")
     p.add_argument("--figures", help="write PNG figures of the ratios to this folder")
@@ -1014,7 +1068,7 @@ def main():
         pathlib.Path(args.figures).mkdir(parents=True, exist_ok=True)
 
     print(f"torch {torch.__version__}, {DEVICE}, {args.threads} threads, batch {args.batch}, median of "
-          f"{args.repeats} steps")
+          f"{args.repeats} steps" + (", the models' steps interleaved" if args.interleave else ""))
     rows = []
     for name in names:
         for i, head_dim in enumerate(args.head_dims or [None]):
@@ -1027,11 +1081,7 @@ def main():
             for mode in _modes(args, spec):
                 results = {}
                 for length in spec["lengths"]:
-                    repeats = args.repeats if length <= spec.get("repeat_up_to", math.inf) else 1
-                    for case, (kind, overrides) in spec["cases"].items():
-                        results[(case, length)] = run_child(kind, overrides, length, args,
-                                                            spec.get("flop_detail", False) and mode == "train",
-                                                            mode, repeats)
+                    results.update(run_cases(spec, length, args, mode))
                 title = f"{name}: {FAMILIES[name].__doc__.strip().splitlines()[0]} Mode: {mode}" + (
                     f", head size {head_dim}" if head_dim else "")
                 family_rows = make_rows(name, spec, results, mode, args, head_dim)

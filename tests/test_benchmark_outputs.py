@@ -154,6 +154,51 @@ def test_refuses_to_overwrite(which, tiny, monkeypatch, tmp_path, capsys):
     assert target.read_bytes() != b"saved by the user" and len(tiny) == 4
 
 
+def test_interleave_times_every_model_in_one_child_alternating(tiny, monkeypatch, tmp_path):
+    """--interleave: per length, each case's own child only counts (no timed step), and one child builds every case
+    and alternates their timed steps; the rows' times are that child's, the memory and FLOPs each case's own."""
+    order = []
+    real_model_step = bench.model_step
+
+    def model_step(kind, overrides, length, batch, mode):
+        model, ids, step = real_model_step(kind, overrides, length, batch, mode)
+        return model, ids, lambda *a: (order.append((kind, tuple(sorted(overrides.items())))), step(*a))[1]
+
+    def interleaved(*args):
+        order.append("start")
+        result = real_interleaved(*args)
+        order.append("end")
+        return result
+
+    real_interleaved = bench.CHILD_FUNCTIONS["measure_interleaved"]
+    monkeypatch.setattr(bench, "model_step", model_step)
+    monkeypatch.setitem(bench.CHILD_FUNCTIONS, "measure_interleaved", interleaved)
+    argv = ["--family", "mgk", "--models-only", "--mode", "train", "--heads", str(HEADS), "--repeats", "3",
+            "--lengths", *map(str, LENGTHS), "--interleave", "--csv", str(tmp_path / "r.csv")]
+    _main(monkeypatch, *argv)
+    cases = list(bench.FAMILIES["mgk"](bench.argparse.Namespace(lengths=None, heads=HEADS))["cases"].values())
+    per_case = [c for c in tiny if c[0] == "measure"]
+    together = [c for c in tiny if c[0] == "measure_interleaved"]
+    assert len(per_case) == len(LENGTHS) * len(cases) and len(together) == len(LENGTHS)
+    assert all(args[4] == 0 and result["seconds"] is None for _, args, result in per_case)  # repeats 0: untimed
+    for (_, args, result), length in zip(together, LENGTHS):
+        assert [tuple(c) for c in args[0]] == cases and args[1] == length and args[3] == 3
+        assert len(result["seconds"]) == len(cases) and all(t > 0 for t in result["seconds"])
+    # the interleaved child's steps: each case's warm-up, then 3 rounds of one step of every case in turn
+    keys = [(kind, tuple(sorted(overrides.items()))) for kind, overrides in cases]
+    starts = [i for i, o in enumerate(order) if o == "start"]
+    assert len(starts) == len(LENGTHS)
+    for start in starts:
+        assert order[start + 1:order.index("end", start)] == keys + keys * 3
+    with open(tmp_path / "r.csv") as f:
+        rows = list(csv.DictReader(f))
+    for (_, args, result), length in zip(together, LENGTHS):
+        at = [r for r in rows if int(r["length"]) == length]
+        assert [float(r["ms"]) for r in at] == pytest.approx([1000 * t for t in result["seconds"]])
+        assert float(at[1]["ratio_vs_baseline"]) == pytest.approx(result["seconds"][1] / result["seconds"][0])
+        assert all(r["error"] == "" and float(r["peak_mem_mib"]) >= 0 and int(r["flops_counted"]) > 0 for r in at)
+
+
 def test_cuda_asked_but_unavailable(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit):
