@@ -889,14 +889,17 @@ def _timed(step, repeats, warm_up=None):
         peak = torch.cuda.max_memory_allocated() - before
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        if _cuda():
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
+    times = [_step_seconds(step) for _ in range(repeats)]
     return {"seconds": statistics.median(times) if times else None, "peak_mib": max(peak, 0) / 2**20}, warm
+
+
+def _step_seconds(step):
+    """Seconds of one call of `step`, synchronised on a GPU."""
+    start = time.perf_counter()
+    step()
+    if _cuda():
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
 
 
 def measure_interleaved(cases, length, batch, repeats, threads, mode):
@@ -911,11 +914,7 @@ def measure_interleaved(cases, length, batch, repeats, threads, mode):
     times = [[] for _ in steps]
     for _ in range(repeats):
         for step, took in zip(steps, times):
-            start = time.perf_counter()
-            step()
-            if _cuda():
-                torch.cuda.synchronize()
-            took.append(time.perf_counter() - start)
+            took.append(_step_seconds(step))
     return {"seconds": [statistics.median(took) for took in times]}
 
 
