@@ -251,8 +251,7 @@ def test_smgk_attention_equals_mgk_with_shifted_keys_on_every_path():
 
 @pytest.mark.parametrize("shared", [False, True], ids=["mgk", "smgk"])
 @pytest.mark.parametrize("e_step,backend", [(e, b) for e in ("soft", "hard") for b in BACKENDS
-                                            if (e, b) != ("hard", "sdpa")  # SDPA: the soft E-step only
-                                            and b != "compiled"])  # compiles: tests/test_attention_compiled.py
+                                            if (e, b) != ("hard", "sdpa")])  # SDPA: the soft E-step only
 @pytest.mark.parametrize("n,s,causal,padded", [(9, 9, False, True), (9, 9, True, True), (4, 9, True, False)])
 def test_every_backend_matches_reference(shared, e_step, backend, n, s, causal, padded):
     """Every named backend (the augmented-key SDPA path is the one used on accelerators, in half precision and

@@ -6,7 +6,14 @@ Torch only; this file travels next to the remote-code model files.
 
 import torch
 
-__all__ = ["autocast_enabled", "resolve_backend", "row_blocks"]
+__all__ = ["RETIRED_BACKENDS", "autocast_enabled", "resolve_backend", "row_blocks"]
+
+# Backends that existed once and were removed: asking for one by name says so, instead of "unknown backend".
+RETIRED_BACKENDS = {
+    "compiled": "it was removed (its torch.compile / inductor kernels were measured slower than the exact "
+                "eager paths on every CPU and GPU shape timed; hf-mgk's docs/benchmarks/kernel-notes.md"
+                "#compiled-path-retired)",
+}
 
 
 def row_blocks(n, s, is_causal, block_rows, keep_empty=False):
@@ -41,10 +48,14 @@ def resolve_backend(backend, auto, refusals):
     """The backend a kernel runs: `auto` (its rule's choice) for backend="auto", else `backend` itself.
 
     refusals: every backend name -> None where it can run the call, else why it cannot. An unknown name, or one
-    that cannot run the call, is a ValueError naming it and the allowed ones."""
+    that cannot run the call, is a ValueError naming it and the allowed ones (a retired one also says why it is
+    gone: RETIRED_BACKENDS)."""
     if backend == "auto":
         return auto
     allowed = ", ".join(repr(name) for name in ("auto", *refusals))
+    if backend in RETIRED_BACKENDS:
+        raise ValueError(f"backend {backend!r} no longer exists: {RETIRED_BACKENDS[backend]}; the backends are "
+                         f"{allowed}")
     if backend not in refusals:
         raise ValueError(f"unknown backend {backend!r}; allowed: {allowed}")
     if refusals[backend] is not None:

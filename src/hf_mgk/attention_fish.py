@@ -14,48 +14,38 @@ Admixture of Shared Heads", whose section and equation numbers are used here:
 * out_j = softmax(A_j + mask) V_j for the H local value heads; masks act on the mixed scores (a
   causal mask is applied after mixing).
 
-Four exact backends compute it (`choose_backend` picks one for backend="auto"; it never picks "compiled"):
+Three exact backends compute it (`choose_backend` picks one for backend="auto"):
   fused       linear mixing without noise as one SDPA call over H heads of query size M*D (_fused_attention);
-  recomputed  blocks of query rows with a hand-written backward (_recomputed_attention), which keeps the blocks'
-              scores and weights for backward up to a byte budget and recomputes them above (O(N) memory);
+  recomputed  blocks of query rows with a hand-written backward (_recomputed_attention, attention_fish_recomputed.py),
+              which keeps the blocks' scores and weights for backward up to a byte budget and recomputes them
+              above (O(N) memory);
   blocked     the formula on blocks of query rows through autograd (_blocked_attention); with return_weights in
               one piece, the output computed from the returned weights.
-  compiled    the formula per block of query rows as plain torch functions fused by torch.compile, forward and a
-              hand-written backward that recomputes the block (section "compiled path"; attention_compile.py).
-              Its noise is drawn inside the kernel by a counter-based generator (other numbers than the eager
-              paths' draws from the same generator, with the same distribution).
+A fourth, "compiled" (torch.compile / inductor), was measured slower than these everywhere and removed; asking for
+it is a ValueError that says so.
 The plain reference the tests hold these to is in `hf_mgk.reference` (not part of this file).
 
 This file imports only the standard library, torch and its siblings, so it can be copied next to HuggingFace
 "remote code" model files.
 """
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .attention_blocks import autocast_enabled, resolve_backend, row_blocks
-from .attention_compile import (
-    block_offsets, counter_normal, draw_seed, key_padding, run as run_compiled, usable, value_backward,
-)
-from .attention_masks import allowed_pairs, causal_mask, is_tracing, mask_kind, masked_scores
+from .attention_fish_recomputed import RecomputedFiSH, mix
+from .attention_masks import allowed_pairs, is_tracing, mask_kind, masked_scores
 
 __all__ = ["BACKENDS", "choose_backend", "fish_attention", "make_gfish_mixing"]
 
-BACKENDS = ("fused", "recomputed", "blocked", "compiled")
+BACKENDS = ("fused", "recomputed", "blocked")
 # Query rows per block of the blocked and recomputed paths; bounds the memory without autograd to B*H*rows*S
 # scores (hf-mgk's docs/benchmarks/kernel-notes.md#fish-block-rows).
 BLOCK_ROWS = 128
 # The recomputed path keeps its blocks' scores and weights for backward while they take at most this many bytes
 # per call (see _recomputed_attention).
 KEEP_BYTES = 2**28
-# Bytes of one block's scores (B, max(M, H), rows, S) in the compiled path: its block rows follow from it. 2**23
-# gives 256 rows at B = 1, H = 8, S = 1024: causal blocks then skip most hidden keys (one block of all rows measured
-# 1.7x slower; kernel notes, #fish-compiled-path).
-COMPILED_BLOCK_BYTES = 2**23
-
 
 def choose_backend(*, mixing, noise, dropout, return_weights, device_type, dtype, autocast, requires_grad, tracing):
     """The backend `fish_attention` runs with backend="auto", from plain facts about the call: mixing "heads" (an
@@ -71,8 +61,7 @@ def choose_backend(*, mixing, noise, dropout, return_weights, device_type, dtype
     * with autograd, float32/64 outside autocast: an (M, H) tensor, MiSH with noise, and on the CPU the GFiSH
       network: recomputed;
     * everything else (MiSH without noise, whose H heads share one softmax computed once; other networks; dropout;
-      weights; autocast): blocked.
-    It never names "compiled" (kernel notes, #fish-compiled-path)."""
+      weights; autocast): blocked."""
     linear = mixing in ("heads", "shared") and not dropout and not return_weights
     training = requires_grad and not tracing
     if linear and mixing == "heads" and not noise and (device_type != "cpu" or not training):
@@ -95,11 +84,7 @@ def _refusals(*, mixing, noise, dropout, return_weights, dtype, autocast, tracin
         else "MiSH without noise (its H heads share one softmax)" if mixing == "shared" and not noise
         else "half precision" if dtype not in (torch.float32, torch.float64)
         else "autocast" if autocast else "tracing or compiling" if tracing else None)
-    compiled = ("return_weights (only 'blocked' forms the weights)" if return_weights
-                else "a mixing network other than make_gfish_mixing's" if mixing == "module"
-                else "a whole 4-D mask" if mask == "pairs"
-                else "inside an outer trace or compile (the plain paths trace as they are)" if tracing else None)
-    return {"fused": fused, "recomputed": recomputed, "blocked": None, "compiled": compiled}
+    return {"fused": fused, "recomputed": recomputed, "blocked": None}
 
 
 def _mixing_kind(mixing):
@@ -116,7 +101,7 @@ def _requires_grad(query, key, value, mixing, noise_std):
 
 def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, attention_mask=None,
                    is_causal=False, return_weights=False, dropout_p=0.0, generator=None, backend="auto",
-                   block_rows=BLOCK_ROWS, keep_bytes=KEEP_BYTES, compiled_block_bytes=COMPILED_BLOCK_BYTES):
+                   block_rows=BLOCK_ROWS, keep_bytes=KEEP_BYTES):
     """FiSH / hard FiSH / MiSH / (hard) GFiSH attention, computed on an exact backend.
 
     Args:
@@ -130,8 +115,7 @@ def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, att
             it is applied to the scores moved to the last axis, shape (B, N, S, M) -> (B, N, S, H).
         scale: multiplies G_k = Q_k K_k^T before mixing; default 1/sqrt(D).
         noise_std: None (no noise, evaluation / hard variants) or a (M,) tensor of sigma_k (training).
-            Noise is drawn here, from ``generator`` if given (the compiled path draws one seed from it and the
-            numbers inside its kernel: `counter_normal`).
+            Noise is drawn here, from ``generator`` if given.
         attention_mask: bool (B, S), True = real token, or None; or a whole (B or 1, 1, N, S) mask for the
             pairs, bool (True = may attend) or additive float (added to the mixed scores), which is used as
             it is (with is_causal=False: it says which keys each query sees).
@@ -141,13 +125,11 @@ def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, att
         dropout_p: attention dropout on the probabilities (training only; the caller passes 0 in eval).
         generator: torch.Generator for the FiSH noise, so runs can be reproduced. The noise is drawn per block of
             `block_rows` query rows (`_draw_noise`), whatever the backend.
-        backend: "auto" (`choose_backend`) or one of BACKENDS ("fused", "recomputed", "blocked", "compiled";
-            module docstring); a ValueError names one that cannot run the call ("compiled" where nothing can
-            compile, e.g. HF_MGK_COMPILE=0, warns once and runs the "auto" rule's path).
+        backend: "auto" (`choose_backend`) or one of BACKENDS ("fused", "recomputed", "blocked"; module
+            docstring); a ValueError names one that cannot run the call (or a removed one, "compiled").
         block_rows: query rows per block (blocked and recomputed paths, and the noise's blocks).
         keep_bytes: the recomputed path keeps its blocks' scores and weights for backward up to this many bytes,
             and recomputes them above.
-        compiled_block_bytes: the bytes of one block's scores in the compiled path.
 
     Returns:
         out (B, H, N, Dv), and with ``return_weights`` also the weights (B, H, N, S).
@@ -160,10 +142,6 @@ def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, att
                  autocast=autocast_enabled(query.device.type),
                  requires_grad=_requires_grad(query, key, value, mixing, noise_std), tracing=is_tracing())
     backend = resolve_backend(backend, choose_backend(**facts), _refusals(**facts, mask=mask_kind(attention_mask)))
-    backend = usable(backend, query.device.type, lambda: choose_backend(**facts))
-    if backend == "compiled":
-        return _fish_compiled(query, key, value, mixing, scale, noise_std, attention_mask, is_causal, dropout_p,
-                              generator, compiled_block_bytes)
     if backend == "fused":
         return _fused_attention(query, key, value, mixing, scale, attention_mask, is_causal)
     eps = _draw_noise(query, mixing, noise_std, H, S, is_causal, generator, block_rows)
@@ -189,7 +167,7 @@ def _materialised(query, key, value, mixing, noise_std, eps, allowed, empty, dro
     else:
         p = mixing.to(g.dtype)
         # MiSH (p of shape (M, 1)) gives one shared matrix (B, 1, N, S), broadcast over V's heads below.
-        scores = _mix(p, g)
+        scores = mix(p, g)
         if noise_std is not None:
             # sum_k p_kj sigma_k eps_jk with independent eps_jk ~ N(0, 1) is exactly N(0, sum_k p_kj^2
             # sigma_k^2) per element and independent over j, so one draw per local head scaled by that
@@ -262,336 +240,15 @@ def _recomputed_attention(query, key, value, mixing, scale, noise_std, eps, atte
             std = torch.linalg.vector_norm(mixing * noise_std.to(query.dtype)[:, None], dim=0)
     pairs = sum((rows.stop - rows.start) * end for rows, end, _ in row_blocks(N, S, is_causal, block_rows, True))
     keep = B * kept_heads * pairs * query.element_size() <= keep_bytes
-    out = _RecomputedFiSH.apply(query * scale, key, value, std, eps, hidden, is_causal, tile_only, keep, block_rows,
+    out = RecomputedFiSH.apply(query * scale, key, value, std, eps, hidden, is_causal, tile_only, keep, block_rows,
                                 *params)
     return out if empty is None else out.masked_fill(empty, 0.0)
 
 
 def _is_gfish_network(mixing):
-    """Whether mixing is the network of make_gfish_mixing (the one _RecomputedFiSH differentiates by hand)."""
+    """Whether mixing is the network of make_gfish_mixing (the one RecomputedFiSH differentiates by hand)."""
     return (isinstance(mixing, nn.Sequential) and len(mixing) == 3 and type(mixing[1]) is nn.ReLU
             and all(type(m) is nn.Linear and m.bias is not None for m in (mixing[0], mixing[2])))
-
-
-def _mix(p, g, out=None):
-    """A_j = sum_k p_kj G_k: p (M, H), g (B, M, n, e) -> (B, H, n, e), one batched matmul over the head axis,
-    into `out` if given. Written as bmm of (B, H, M) by (B, M, n*e): torch.matmul of (H, M) by (B, M, n*e)
-    computes the transposed product and then copies it into place, a full extra pass over the H scores (kernel
-    notes, "FiSH path rule")."""
-    B, _, n, e = g.shape
-    flat = None if out is None else out.view(B, -1, n * e)
-    return torch.bmm(p.t().expand(B, -1, -1), g.reshape(B, g.shape[1], n * e), out=flat).view(B, -1, n, e)
-
-
-class _Scratch:
-    """Reused buffers for a call's per-block temporaries, instead of a new tensor per block (causal blocks grow by a
-    tile each, so the allocator rarely reuses a freed one; hf-mgk's docs/benchmarks/kernel-notes.md#fish-scratch).
-    Each buffer is sized once for the largest block (rows x all keys)."""
-
-    def __init__(self, rows, keys):
-        self.rows, self.keys, self.bufs = rows, keys, {}
-
-    def __call__(self, name, shape, like):
-        n = math.prod(shape)
-        buf = self.bufs.get(name)
-        if buf is None or buf.numel() < n:
-            buf = self.bufs[name] = like.new_empty(max(n, math.prod(shape[:-2]) * self.rows * self.keys))
-        return buf[:n].view(shape)
-
-
-def _fresh(name, shape, like):
-    """_Scratch's signature for tensors that must outlive the block (kept for backward)."""
-    return like.new_empty(shape)
-
-
-def _block_hidden(hidden, tile_only, rows, end, lo, like):
-    """(hidden part or None, first column it covers) of one block of `row_blocks`: the slice of _visible's mask, or
-    with causality alone (tile_only) the block's diagonal tile, keys lo:end, built here (a few KB)."""
-    if not tile_only:
-        return (None if hidden is None else hidden[:, :, rows, :end]), 0
-    return causal_mask(rows.stop - rows.start, end - lo, like.device).logical_not_(), lo
-
-
-def _block_weights(q, k, params, std, eps, hidden, lo, scratch, out):
-    """One block of rows: what backward needs (saved) and the local softmax weights (B, H, n, e).
-
-    Linear mixing, params (p,): saved = (g,), the global scores (B, M, n, e); with a one-column p (MiSH) the mixed
-    matrix is computed once and the noise makes the H heads' matrices. Network, params (W1, b1, W2, b2): saved =
-    (x, r), the network's input x = g + sigma eps (B, M, n, e) and hidden layer r = ReLU(W1 x + b1) (B, H, n, e).
-    Kept tensors go to out(name, shape, like) (_Scratch or _fresh), temporaries to scratch."""
-    B, M, n, _ = q.shape
-    e = k.shape[2]
-    g = torch.matmul(q, k.transpose(-1, -2), out=out("g", (B, M, n, e), q))
-    if len(params) == 1:
-        p = params[0]
-        H = p.shape[1] if eps is None else eps.shape[1]
-        saved = (g,)
-        a = _mix(p, g, out=scratch("a", (B, p.shape[1], n, e), q))
-        if std is not None:
-            a = a.addcmul_(std[:, None, None], eps) if a.shape[1] == H else torch.addcmul(
-                a, std[:, None, None], eps, out=scratch("noisy", (B, H, n, e), q))
-    else:
-        w1, b1, w2, b2 = params
-        x = g if std is None else g.addcmul_(std[:, None, None], eps)
-        r = _mix(w1.t(), x, out=out("r", (B, w1.shape[0], n, e), q)).add_(b1[:, None, None]).relu_()
-        a = _mix(w2.t(), r, out=scratch("a", r.shape, q)).add_(b2[:, None, None])
-        saved = (x, r)
-    if hidden is not None and hidden.dtype == torch.bool:
-        a[..., lo:].masked_fill_(hidden, torch.finfo(a.dtype).min)
-    elif hidden is not None:
-        a[..., lo:].add_(hidden)
-    return saved, torch._softmax(a, -1, False, out=out("w", a.shape, q))
-
-
-def _mixing_backward(params, saved, da, std, eps, grads, scratch):
-    """Backward of one block's mixing: accumulates the parameter gradients (and sigma's, last) into grads and
-    returns d g (B, M, n, e). da (B, H, n, e) is the gradient of the mixed scores (overwritten)."""
-    sum_heads = lambda t, u: torch.matmul(t.flatten(2), u.flatten(2).transpose(-1, -2)).sum(0)  # sum_b t u^T
-    if len(params) == 1:
-        (p,), (g,) = params, saved
-        if std is not None:  # per head sum of da * eps without a product tensor (faster; kernel notes)
-            per_head = torch.einsum("bhij,bhij->h", da, eps)
-            grads[-1] += per_head if grads[-1].shape[0] == per_head.shape[0] else per_head.sum()
-        if p.shape[1] == 1 < da.shape[1]:  # MiSH: the mixed matrix feeds every head
-            da = torch.sum(da, 1, keepdim=True, out=scratch("da1", g.shape[:1] + (1,) + g.shape[2:], g))
-        grads[0] += sum_heads(g, da)
-        return _mix(p.t(), da, out=scratch("dg", g.shape, g))
-    (w1, _, w2, _), (x, r) = params, saved
-    grads[3] += da.sum((0, 2, 3))
-    grads[2] += sum_heads(da, r)
-    dh = _mix(w2, da, out=scratch("dr", r.shape, r))
-    dh = torch.ops.aten.threshold_backward(dh, r, 0.0)  # ReLU's backward in one pass: dr where r > 0
-    grads[1] += dh.sum((0, 2, 3))
-    grads[0] += sum_heads(dh, x)
-    dx = _mix(w1, dh, out=scratch("dg", x.shape, x))
-    if std is not None:
-        grads[-1] += torch.einsum("bkij,bkij->k", dx, eps)
-    return dx
-
-
-class _RecomputedFiSH(torch.autograd.Function):
-    """out = softmax(mix(q k^T, noise), masked) v per block of rows; see _recomputed_attention."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, std, eps, hidden, is_causal, tile_only, keep, block_rows, *params):
-        N, S = q.shape[2], k.shape[2]
-        out = v.new_empty(q.shape[0], v.shape[1], N, v.shape[3])
-        tiles, kept = [], []
-        scratch = _Scratch(block_rows, S)
-        for i, (rows, end, lo) in enumerate(row_blocks(N, S, is_causal, block_rows, keep_empty=True)):
-            tiles.append(_block_hidden(hidden, tile_only, rows, end, lo, q))
-            saved, w = _block_weights(q[:, :, rows], k[:, :, :end], params, std, None if eps is None else eps[i],
-                                      *tiles[-1], scratch, _fresh if keep else scratch)
-            out[:, :, rows] = torch.matmul(w, v[:, :, :end])
-            if keep:
-                kept.append((saved, w))
-        ctx.save_for_backward(q, k, v, std, out, *params)
-        ctx.blocks = (is_causal, tiles, kept, eps)
-        ctx.block_rows = block_rows
-        return out
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out):
-        q, k, v, std, out, *params = ctx.saved_tensors
-        is_causal, tiles, kept, eps = ctx.blocks
-        grad_out = grad_out.contiguous()
-        # Contiguous buffers whatever the inputs' strides (zeros_like would copy a transposed view's layout, and
-        # flatten below would then return a copy instead of a view to accumulate into).
-        dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-        grads = [torch.zeros_like(t) for t in params] + ([] if std is None else [torch.zeros_like(std)])
-        # softmax backward: dA = w * (dW - sum_s w dW), sum_s w_s dW_s = dout . out per row, so dW - that sum is
-        # one product of [dout, -dout . out] with [v, 1] (no separate pass over the block to subtract it)
-        do_aug = torch.cat([grad_out, -(grad_out * out).sum(-1, keepdim=True)], -1)
-        v_aug = torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], -1)
-        dk3, dv3 = dk.flatten(0, 1), dv.flatten(0, 1)  # (B*heads, S, D) views: bmm accumulates into them
-        scratch = _Scratch(ctx.block_rows, k.shape[2])
-        for i, (rows, end, _) in enumerate(row_blocks(q.shape[2], k.shape[2], is_causal, ctx.block_rows, True)):
-            qb, kb = q[:, :, rows], k[:, :, :end]
-            eb = None if eps is None else eps[i]
-            saved, w = kept[i] if kept else _block_weights(qb, kb, params, std, eb, *tiles[i], scratch, scratch)
-            dv3[:, :end].baddbmm_(w.flatten(0, 1).transpose(1, 2), grad_out[:, :, rows].flatten(0, 1))
-            da = torch.matmul(do_aug[:, :, rows], v_aug[:, :, :end].transpose(-1, -2),
-                              out=scratch("da", w.shape, w)).mul_(w)
-            dg = _mixing_backward(params, saved, da, std, eb, grads, scratch)
-            dq[:, :, rows] = torch.matmul(dg, kb)
-            dk3[:, :end].baddbmm_(dg.flatten(0, 1).transpose(1, 2), qb.flatten(0, 1))
-        dstd = grads.pop() if std is not None else None
-        return (dq, dk, dv, dstd, None, None, None, None, None, None, *grads)
-
-
-# ----------------------------------------------------------------------------------------------- compiled path
-# The formula per block of query rows as plain torch functions that torch.compile fuses (attention_compile), with
-# q already scaled and Hm mixed matrices (H, or 1 for MiSH without noise):
-#
-#     G = q k^T (B, M, n, e)
-#     linear:  A = mix(p, G) + std eps          std_j = |p_j sigma| (module docstring), eps (B, H, n, e)
-#     network: X = G + sigma eps (eps (B, M, n, e)),  R = ReLU(W1 X + b1),  A = W2 R + b2   (along the head axis)
-#     W = exp(A - m) / Z on the pairs the masks allow (m: the row's largest score; Z: the row sum; no key: W = 0)
-#     out = W v
-#
-# eps is counter_normal of (seed, position in the whole (B, heads, N, S) tensor), so backward recomputes the
-# block's noise, scores and weights from q and k (with the forward's m and Z) and nothing of size N x S is kept but
-# the dropout mask (bool). With dW = dout v^T (times the dropout mask), delta = sum_s W dW, dA = W (dW - delta):
-#     linear:  dp = sum G dA^T,  dstd_j = sum dA_j eps_j,  dG = mix(p^T, dA)   (MiSH: dA summed over the heads)
-#     network: db2 = sum dA, dW2 = sum dA R^T, dR = mix(W2, dA) (R > 0), db1 = sum dR, dW1 = sum dR X^T,
-#              dG = dX = mix(W1, dR), dsigma = sum dX eps
-#     dq = dG k, dk = dG^T q
-
-
-def _counter(seed, first, rows, keys):
-    """(seed, first row, N, S) as one int64 tensor (values, not ints, so that no graph is compiled per value)."""
-    return torch.stack([seed, *(torch.tensor(i, device=seed.device) for i in (first, rows, keys))])
-
-
-def _noise_index(shape, counter):
-    """Each element's position in the whole (B, heads, N, S) noise tensor; shape (B, heads, n, e) of a block,
-    counter = (seed, first row, N, S) as int64 (tensors, so no value is compiled into a graph)."""
-    b, h, n, e = shape
-    first, rows, keys = counter[1], counter[2], counter[3]
-    dev = counter.device
-    row = torch.arange(n, device=dev)[:, None] + first
-    at = (torch.arange(b, device=dev)[:, None] * h + torch.arange(h, device=dev))[:, :, None, None] * rows
-    return (at + row) * keys + torch.arange(e, device=dev)
-
-
-def _compiled_scores(q, k, params, std, counter, pad, offset, heads):
-    """The block's masked mixed scores A (B, Hm, n, e) (-inf where hidden) and what backward needs: G, the noise
-    (or None), the network's input X and hidden layer R (or None). heads: the noise's head count (H for linear
-    mixing, M for the network)."""
-    g = torch.matmul(q, k.transpose(-1, -2))
-    b_, _, n, e = g.shape
-    eps = None if std is None else counter_normal(counter[0], _noise_index((b_, heads, n, e), counter), g.dtype)
-    x = r = None
-    if len(params) == 1:
-        a = _mix(params[0], g)
-        if eps is not None:
-            a = a + std[:, None, None] * eps
-    else:
-        w1, b1, w2, b2 = params
-        x = g if eps is None else g + std[:, None, None] * eps
-        r = torch.relu(_mix(w1.t(), x) + b1[:, None, None])
-        a = _mix(w2.t(), r) + b2[:, None, None]
-    rows = torch.arange(n, device=q.device)[:, None] + offset
-    allowed = (torch.arange(e, device=q.device) <= rows) & pad[:, None, None, :]
-    return a.masked_fill(~allowed, -math.inf), g, eps, x, r
-
-
-def _compiled_weights(a, m=None, z=None):
-    """(W, m, Z) of masked scores: m the rows' largest score (0 where a row sees no key), Z the row sums (1 there,
-    so W = 0); m and Z given in backward."""
-    if m is None:
-        m = a.amax(-1, keepdim=True)
-        m = torch.where(m > -math.inf, m, torch.zeros_like(m))
-    e = torch.exp(a - m)
-    if z is None:
-        z = e.sum(-1, keepdim=True)
-        z = torch.where(z > 0, z, torch.ones_like(z))
-    return e / z, m, z
-
-
-def _fish_compiled_block_forward(q, k, v, params, std, counter, pad, offset, heads, dropout_p):
-    """One block's output (B, H, n, Dv), row shifts m and sums Z, dropout mask (or None)."""
-    a = _compiled_scores(q, k, params, std, counter, pad, offset, heads)[0]
-    w, m, z = _compiled_weights(a)
-    keep = None
-    if dropout_p > 0:  # independent per local head, also where MiSH shares one matrix
-        keep = torch.rand(w.shape[:1] + v.shape[1:2] + w.shape[2:], device=w.device) >= dropout_p
-        w = w * keep / (1.0 - dropout_p)
-    return torch.matmul(w, v), m, z, keep
-
-
-def _fish_compiled_block_backward(q, k, v, params, std, counter, pad, offset, heads, dropout_p, m, z, keep, dout):
-    """d/dq, d/dk, d/dv, d/dparams, d/dstd of one block (section comment)."""
-    a, g, eps, x, r = _compiled_scores(q, k, params, std, counter, pad, offset, heads)
-    w = _compiled_weights(a, m, z)[0]
-    dw, dv = value_backward(w, v, dout, keep, dropout_p)                         # dw (B, H, n, e)
-    da = w * (dw - (dw * w).sum(-1, keepdim=True))
-    sum_batch = lambda t, u: torch.matmul(t.flatten(2), u.flatten(2).transpose(-1, -2)).sum(0)  # sum_b t u^T
-    if len(params) == 1:
-        (p,) = params
-        dstd = None if eps is None else (da * eps).sum((0, 2, 3))
-        if p.shape[1] == 1:  # MiSH: the mixed matrix feeds every head
-            da = da.sum(1, keepdim=True)
-            dstd = None if dstd is None else dstd.sum(0, keepdim=True)
-        grads = (sum_batch(g, da),)
-        dg = _mix(p.t(), da)
-    else:
-        w1, _, w2, _ = params
-        dr = _mix(w2, da) * (r > 0)
-        dg = _mix(w1, dr)
-        grads = (sum_batch(dr, x), dr.sum((0, 2, 3)), sum_batch(da, r), da.sum((0, 2, 3)))
-        dstd = None if eps is None else (dg * eps).sum((0, 2, 3))
-    return torch.matmul(dg, k), torch.matmul(dg.transpose(-1, -2), q), dv, grads, dstd
-
-
-class _CompiledFiSH(torch.autograd.Function):
-    """The compiled path in blocks of query rows: forward and backward each one compiled function per block."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, std, seed, pad, heads, is_causal, dropout_p, block_rows, *params):
-        n, length = q.shape[2], k.shape[2]
-        outs, saved = [], []
-        for rows, end, offset in block_offsets(n, length, is_causal, block_rows, q.device):
-            # the counter as tensors too (no graph per value)
-            counter = _counter(seed, rows.start, n, length)
-            args = (q[:, :, rows], k[:, :, :end], v[:, :, :end], params, std, counter, pad[:, :end], offset, heads,
-                    dropout_p)
-            out, m, z, keep = run_compiled("fish_forward", _fish_compiled_block_forward, *args)
-            outs.append(out)
-            saved.append((rows, end, offset, counter, m, z, keep))
-        ctx.save_for_backward(q, k, v, std, pad, *params)
-        ctx.blocks, ctx.heads, ctx.dropout_p = saved, heads, dropout_p
-        return torch.cat(outs, dim=2)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dout):
-        q, k, v, std, pad, *params = ctx.saved_tensors
-        dq, dk, dv = (torch.zeros_like(t) for t in (q, k, v))
-        grads = [torch.zeros_like(t) for t in params]
-        dstd = None if std is None else torch.zeros_like(std)
-        dout = dout.contiguous()
-        for rows, end, offset, counter, m, z, keep in ctx.blocks:
-            args = (q[:, :, rows], k[:, :, :end], v[:, :, :end], tuple(params), std, counter, pad[:, :end], offset,
-                    ctx.heads, ctx.dropout_p, m, z, keep, dout[:, :, rows])
-            bq, bk, bv, bgrads, bstd = run_compiled("fish_backward", _fish_compiled_block_backward, *args)
-            dq[:, :, rows] = bq
-            dk[:, :, :end] += bk
-            dv[:, :, :end] += bv
-            for total, part in zip(grads, bgrads):
-                total += part
-            if dstd is not None:
-                dstd += bstd
-        return (dq, dk, dv, dstd, None, None, None, None, None, None, *grads)
-
-
-def _fish_compiled(query, key, value, mixing, scale, noise_std, attention_mask, is_causal, dropout_p, generator,
-                   block_bytes):
-    """fish_attention through `_CompiledFiSH`, in float32 at least (half inputs computed in float32, the output
-    cast back). The noise's std is computed here with autograd (linear: |p_j sigma| per local head)."""
-    dtype = torch.promote_types(query.dtype, torch.float32)
-    q, k, v = (query * scale).to(dtype), key.to(dtype), value.to(dtype)
-    B, M, N, _ = q.shape
-    S, H = k.shape[2], v.shape[1]
-    if isinstance(mixing, nn.Module):
-        params = tuple(t.to(dtype) for t in (mixing[0].weight, mixing[0].bias, mixing[2].weight, mixing[2].bias))
-        std, heads = (None if noise_std is None else noise_std.to(dtype)), M
-    else:
-        params, heads = (mixing.to(dtype),), H
-        std = None if noise_std is None else torch.linalg.vector_norm(params[0] * noise_std.to(dtype)[:, None], dim=0)
-    seed = (draw_seed(generator, q.device) if noise_std is not None
-            else torch.zeros((), dtype=torch.int64, device=q.device))
-    pad = key_padding(attention_mask, B, S, q.device)
-    block_rows = max(1, block_bytes // max(1, B * max(M, H) * S * q.element_size()))
-    out = _CompiledFiSH.apply(q, k, v, std, seed, pad, heads, is_causal, dropout_p, block_rows, *params)
-    return out.to(query.dtype)
-
-
-def compiled_noise(seed, B, heads, N, S, dtype=torch.float32, device=None):
-    """The whole (B, heads, N, S) noise the compiled path draws from `seed` (for tests and for reading it back)."""
-    seed = torch.as_tensor(seed, dtype=torch.int64, device=device)
-    return counter_normal(seed, _noise_index((B, heads, N, S), _counter(seed, 0, N, S)), dtype)
 
 
 def _fused_attention(query, key, value, p, scale, attention_mask, is_causal):

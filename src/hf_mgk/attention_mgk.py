@@ -15,22 +15,20 @@ Three exact backends compute it (`choose_backend` picks one for backend="auto"):
            the log-kernel term, so one fused SDPA call computes MGK with O(N) memory.
   blocked  per block of query rows, the M keys' log-kernel terms from one product (sMGK: one q.k for all M
            shifted keys), the keys' exponentials summed and multiplied by V once, with a hand-written backward
-           (section "blocked path").
-  compiled the blocked path's formula as plain torch functions fused by torch.compile (C++ on the CPU, Triton on
-           GPUs), forward and backward (section "compiled path"; attention_compile.py).
+           (attention_mgk_blocked.py).
+A fourth, "compiled" (torch.compile / inductor), was measured slower than these everywhere and removed; asking
+for it is a ValueError that says so.
 The plain references the tests hold these to are in `hf_mgk.reference` (not part of this file).
 
 Torch only (this file travels next to remote-code model files). Shapes: B batch, H heads, M keys per position,
 N queries, S keys, D head size, Dv value size.
 """
 
-import math
-
 import torch
 import torch.nn.functional as F
 
-from .attention_compile import block_offsets, key_padding, run as run_compiled, usable, value_backward
-from .attention_blocks import autocast_enabled, resolve_backend, row_blocks
+from .attention_blocks import autocast_enabled, resolve_backend
+from .attention_mgk_blocked import BLOCK_ROWS, KEEP_BYTES, MIN_ROW_SUM, mgk_blocked
 from .attention_masks import allowed_pairs, causal_mask, is_tracing, mask_kind, masked_scores
 
 __all__ = [
@@ -44,18 +42,8 @@ __all__ = [
     "smgk_attention",
 ]
 
-BACKENDS = ("dense", "sdpa", "blocked", "compiled")
+BACKENDS = ("dense", "sdpa", "blocked")
 MLK_BACKENDS = ("dense", "linear")
-# Query rows per block of the blocked path (hf-mgk's docs/benchmarks/kernel-notes.md#mgk-blocked-path).
-BLOCK_ROWS = 128
-# The blocked path keeps its block probabilities for backward while they take at most this many bytes per call
-# (faster: hf-mgk's docs/benchmarks/kernel-notes.md#mgk-blocked-path); above it they are recomputed (O(N) memory).
-KEEP_BYTES = 2**28
-# The blocked path redoes a block with its rows' maxima subtracted when a row's sum of kernel terms falls below this
-# (section "blocked path").
-MIN_ROW_SUM = math.exp(-40.0)
-# Bytes of the scores L (B, H, rows, M, S) per block of the compiled path: its block rows follow from it.
-COMPILED_BLOCK_BYTES = 2**26
 # Chunk length of causal MLK (`_causal_linear`).
 MLK_CHUNK = 64
 
@@ -69,8 +57,7 @@ def choose_backend(*, e_step, return_weights, device_type, dtype, autocast, trac
     none, not traced: its Python loop reads tensor values) the blocked path, with or without autograd, so that
     training and evaluation compute bit for bit the same function. Elsewhere (accelerators, half precision,
     autocast) the soft E-step as one SDPA call, the hard E-step in the dense form.
-    Why (timings): hf-mgk's docs/benchmarks/kernel-notes.md#mgk-path-rule. It never names "compiled": measured
-    slower than these on the CPU, untimed on GPUs (ibid., #mgk-compiled-path)."""
+    Why (timings): hf-mgk's docs/benchmarks/kernel-notes.md#mgk-path-rule."""
     if return_weights:
         return "dense"
     if (device_type == "cpu" and dtype in (torch.float32, torch.float64) and not autocast and not tracing
@@ -81,9 +68,6 @@ def choose_backend(*, e_step, return_weights, device_type, dtype, autocast, trac
 
 def _refusals(*, e_step, return_weights, device_type, dtype, autocast, tracing, mask):
     """Why each backend cannot run a call (None: it can)."""
-    fused = ("return_weights (only 'dense' forms the weights)" if return_weights
-             else "a whole 4-D mask" if mask == "pairs"
-             else "inside an outer trace or compile (the plain paths trace as they are)" if tracing else None)
     blocked = ("return_weights (only 'dense' forms the weights)" if return_weights
                else "a whole 4-D mask" if mask == "pairs"
                else "half precision" if dtype not in (torch.float32, torch.float64)
@@ -91,15 +75,14 @@ def _refusals(*, e_step, return_weights, device_type, dtype, autocast, tracing, 
                else "tracing or compiling (its Python loop reads tensor values)" if tracing else None)
     sdpa = ("the hard E-step" if e_step == "hard"
             else "return_weights (only 'dense' forms the weights)" if return_weights else None)
-    return {"dense": None, "sdpa": sdpa, "blocked": blocked, "compiled": fused}
+    return {"dense": None, "sdpa": sdpa, "blocked": blocked}
 
 
 def _backend(backend, query, attention_mask, e_step, return_weights):
     facts = dict(e_step=e_step, return_weights=return_weights, device_type=query.device.type, dtype=query.dtype,
                  autocast=autocast_enabled(query.device.type), tracing=is_tracing(),
                  mask=mask_kind(attention_mask))
-    chosen = resolve_backend(backend, choose_backend(**facts), _refusals(**facts))
-    return usable(chosen, query.device.type, lambda: choose_backend(**facts))
+    return resolve_backend(backend, choose_backend(**facts), _refusals(**facts))
 
 
 def _as_variances(variances, like: torch.Tensor, num_keys: int) -> torch.Tensor:
@@ -187,476 +170,28 @@ def _mgk_soft_sdpa(query, keys, value, var, log_prior, attention_mask, is_causal
     return out[..., :dv] if width > dv else out
 
 
-# ------------------------------------------------------------------------------------------------ blocked path
-# The exact path that pays only what the formula needs. Per block of `block_rows` query rows against every key the
-# block may see, with s_r = 1 / sigma_r^2:
-#
-#     L_ijr = log pi_r - s_r |q_i - k_jr|^2 / 2,   E_ijr = exp(L_ijr),   P_ij = sum_r E_ijr      (soft E-step)
-#     P_ij = exp(max_r L_ijr)                                                                  (hard E-step)
-#     h_i = sum_j P_ij v_j / Z_i,   Z_i = sum_j P_ij
-#
-# softmax_j(logsumexp_r L_ijr) = P_ij / Z_i: the sum of the keys' exponentials, normalised, so no log is taken
-# and one product with V serves all M keys. The Gaussian log-kernel is never positive, so exp(L) cannot overflow
-# and needs no running maximum: a block is redone with its rows' maxima subtracted only if a row's sum Z_i falls
-# below `min_row_sum` = e^-40 (every term of the row deep in the tail, where float32 exp would lose them); otherwise
-# each row's largest term is above e^-40 / (M S) and any term exp() flushes (below e^-87) weighs less than e^-27 of
-# it. Rows that see no key at all get a zero output, as with SDPA. Backward uses Z and the row shift kept from the
-# forward, and dS' = (dP - delta) / Z from one product of [dO / Z, -delta / Z] with [V, 1] (delta_i = dO_i . h_i).
-#
-# MGK (M key projections): L = q~ . k~_r with q~ = [q, -|q|^2/2, 1] against the M*S rows
-#     k~_r = [s_r k_r, s_r, log pi_r - s_r |k_r|^2/2].
-# sMGK (one key projection, k_jr = k_j + b_r): |q - k - b_r|^2 = |q - b_r|^2 - 2 q.k + 2 b_r.k + |k|^2, so
-#     L_ijr = s_r q_i.k_j + x_ir + y_jr with x_ir = log pi_r - s_r |q_i - b_r|^2/2, y_jr = -s_r (|k_j|^2/2 +
-#     b_r.k_j). One product q~ . k~ = L_1 (q~ = [s_1 q, x_1, 1], k~ = [k, 1, y_1]), and for r >= 2
-#     L_r = rho_r L_1 + (x_r - rho_r x_1)_i + (y_r - rho_r y_1)_j, rho_r = s_r / s_1: two elementwise passes
-#     each. With different sigma_r the per-query terms |q_i - b_r|^2 differ per key and do not cancel in the
-#     softmax over j; they are kept exactly. Backward on dG = sum_r s_r dL_r (dq, dk); the row and column sums of
-#     each dL_r give the x and y parts (dq, dk, shifts, prior).
-# What each costs per (query, key) pair, against SDPA: hf-mgk's docs/benchmarks/kernel-notes.md#mgk-blocked-path.
-
-
-def _fold(op, tensors):
-    """op(op(t0, t1), t2)... with one new tensor (a sum over keys as adds: sum(0) zero-fills its output first)."""
-    if len(tensors) == 1:
-        return tensors[0]
-    out = op(tensors[0], tensors[1])
-    for t in tensors[2:]:
-        op(out, t, out=out)
-    return out
-
-
-class _MGKBlocks:
-    """One call's operands (no autograd; see the section comment) and the scores / probabilities of a block."""
-
-    def __init__(self, query, keys, key_shift, log_prior, inv_var, pad, hard, is_causal, dropout_p, block_rows):
-        self.hard, self.is_causal, self.inv_var, self.dropout_p = hard, is_causal, inv_var, dropout_p
-        self.block_rows = block_rows
-        self.num_keys = m = len(inv_var)
-        self.shared = key_shift is not None
-        self.n, self.s, self.d = query.shape[2], keys.shape[-2], query.shape[-1]
-        s = torch.tensor(inv_var, dtype=query.dtype, device=query.device)
-        ones = query.new_ones(query.shape[:-1] + (1,))
-        self.hidden = None
-        if is_causal:  # the pairs the causal mask hides
-            self.hidden = causal_mask(self.n, self.s, query.device).logical_not_()
-        if dropout_p > 0:  # one seed from the global generator: backward redraws the same masks
-            self.seed = int(torch.randint(0, 2**62, (), device="cpu"))
-        if not self.shared:
-            sv = s.view(1, 1, m, 1, 1)
-            self.k_scaled = keys * sv                                                   # (B, H, M, S, D)
-            y = (self.k_scaled * keys).sum(-1, keepdim=True).mul_(-0.5)
-            if log_prior is not None:
-                y += log_prior[None, :, :, None, None]
-            if pad is not None:
-                y.masked_fill_(pad[:, None, None, :, None], -math.inf)
-            self.qa = torch.cat([query, (query * query).sum(-1, keepdim=True).mul_(-0.5), ones], -1)
-            self.ka = torch.cat([self.k_scaled, sv.expand(y.shape), y], -1)             # (B, H, M, S, D + 2)
-            return
-        sv = s.view(m, 1, 1, 1)
-        b = key_shift.transpose(0, 1)[:, None, :, None, :]                             # (M, 1, H, 1, D)
-        x = (query - b).pow_(2).sum(-1).mul_(-0.5 * sv)                                 # (M, B, H, N)
-        if log_prior is not None:
-            x += log_prior.t()[:, None, :, None]
-        y = ((keys * keys).sum(-1).mul_(0.5) + torch.einsum("bhsd,mhd->mbhs", keys, b[:, 0, :, 0])).mul_(-sv)
-        self.rho = (s / s[0]).tolist()
-        rho = (s[1:] / s[0]).view(-1, 1, 1, 1)
-        self.xd, self.yd = x[1:] - rho * x[0], y[1:] - rho * y[0]                      # (M - 1, B, H, N | S)
-        y1 = y[0] if pad is None else y[0].masked_fill(pad[:, None, :], -math.inf)
-        self.qa = torch.cat([query * s[0], x[0, ..., None], ones], -1)
-        self.ka = torch.cat([keys, torch.ones_like(y1)[..., None], y1[..., None]], -1)  # (B, H, S, D + 2)
-
-    def blocks(self):
-        """(rows, end, lo) per block of query rows (`row_blocks`); rows that see no key are left out."""
-        return row_blocks(self.n, self.s, self.is_causal, self.block_rows)
-
-    @staticmethod
-    def key_rows(t, end):
-        """(B, H, M, S, X) -> (B, H, M * end, X), keys :end of every key r (a view when end = S)."""
-        t = t[:, :, :, :end]
-        return t.reshape(t.shape[0], t.shape[1], -1, t.shape[-1])
-
-    def scores(self, rows, end, lo, shift=None):
-        """L_r of one block (-inf where hidden), minus `shift` (B, H, n) if given: MGK one (B, H, n, M, e) tensor
-        and its M slabs (views), sMGK None and M (B, H, n, e) tensors."""
-        qa = self.qa[:, :, rows]
-        if not self.shared:
-            buf = torch.matmul(qa, self.key_rows(self.ka, end).transpose(-1, -2))
-            buf = buf.view(buf.shape[:3] + (self.num_keys, end))
-            if lo < end:
-                buf[..., lo:].masked_fill_(self.hidden[rows, lo:end][:, None], -math.inf)
-            if shift is not None:
-                buf.sub_(shift[..., None, None])
-            return buf, [buf[..., r, :] for r in range(self.num_keys)]
-        first = torch.matmul(qa, self.ka[:, :, :end].transpose(-1, -2))
-        if lo < end:
-            first[..., lo:].masked_fill_(self.hidden[rows, lo:end], -math.inf)
-        slabs = [first]
-        for r in range(1, self.num_keys):
-            slab = torch.add(self.xd[r - 1, :, :, rows, None], first, alpha=self.rho[r])
-            slabs.append(slab.add_(self.yd[r - 1, :, :, None, :end]))
-        if shift is not None:
-            for slab in slabs:
-                slab.sub_(shift[..., None])
-        return None, slabs
-
-    def probs(self, buf, slabs):
-        """Unnormalised P (B, H, n, e) and what backward needs besides: soft the E_r = exp(L_r) (in place); hard
-        the weight of each key in d score / d L_r, 1 for the largest term, shared equally by ties as in
-        torch.amax's backward (None for one key; for two keys only key 1's weight w, key 2 gets 1 - w)."""
-        if self.hard:
-            if self.num_keys == 1:
-                return slabs[0].exp(), None
-            score = _fold(torch.maximum, slabs)
-            if self.num_keys == 2:  # heaviside(-inf - -inf = nan) is 0: hidden entries, whose dscore is 0
-                return torch.exp(score), torch.heaviside(slabs[0] - slabs[1], score.new_tensor(0.5))
-            # float weights: bool masks in products and counts are slower (kernel notes, "MGK blocked path")
-            wins = [(slab == score).to(score.dtype) for slab in slabs]
-            count = _fold(torch.add, wins).clone()
-            wins = [w.div_(count) for w in wins]
-            return torch.exp(score), (torch.stack(wins, -2) if buf is not None else wins)
-        if buf is not None:
-            buf.exp_()
-        else:
-            for slab in slabs:
-                slab.exp_()
-        return _fold(torch.add, slabs), (buf if buf is not None else slabs)
-
-    def dropout_masks(self, like):
-        """Per block, in block order: 0 or 1 / (1 - p), drawn from this call's seed."""
-        gen = torch.Generator(device=like.device)
-        gen.manual_seed(self.seed)
-        for rows, end, _ in self.blocks():
-            shape = like.shape[:2] + (rows.stop - rows.start, end)
-            u = torch.rand(shape, generator=gen, dtype=like.dtype, device=like.device)
-            yield u.ge_(self.dropout_p).mul_(1.0 / (1.0 - self.dropout_p))
-
-
-class _BlockedMGK(torch.autograd.Function):
-    """MGK / sMGK attention, soft or hard E-step, in blocks of query rows with a hand-written backward."""
-
-    @staticmethod
-    def forward(ctx, query, keys, key_shift, value, log_prior, inv_var, pad, hard, is_causal, dropout_p, keep,
-                block_rows, min_row_sum):
-        blk = _MGKBlocks(query, keys, key_shift, log_prior, inv_var, pad, hard, is_causal, dropout_p, block_rows)
-        out = value.new_zeros(value.shape[:2] + (blk.n, value.shape[-1]))
-        z = query.new_zeros(query.shape[:3])
-        shift = query.new_zeros(query.shape[:3])
-        masks = blk.dropout_masks(query) if dropout_p > 0 else None
-        kept, shifted = [], []
-        for rows, end, lo in blk.blocks():
-            p, aux = blk.probs(*blk.scores(rows, end, lo))
-            zb = p.sum(-1)
-            shifted.append(not bool(zb.min() >= min_row_sum))    # also when NaN
-            if shifted[-1]:
-                m = _fold(torch.maximum, [t.amax(-1) for t in blk.scores(rows, end, lo)[1]])
-                m.masked_fill_(m == -math.inf, 0.0)                 # rows that see no key: P = 0, output 0
-                shift[:, :, rows] = m
-                p, aux = blk.probs(*blk.scores(rows, end, lo, m))
-                zb = p.sum(-1)
-            z[:, :, rows] = zb
-            mask = None if masks is None else next(masks)
-            pv = p if mask is None else p * mask
-            out[:, :, rows] = torch.matmul(pv, value[:, :, :end]).div_(zb.clamp_min(torch.finfo(zb.dtype).tiny)[..., None])
-            if keep:
-                kept.append((p, aux, mask))
-        ctx.blocks, ctx.kept, ctx.shifted = blk, kept, shifted
-        ctx.save_for_backward(query, keys, key_shift, value, out, z, shift)
-        return out
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dout):
-        query, keys, key_shift, value, out, z, shift = ctx.saved_tensors
-        blk, kept = ctx.blocks, ctx.kept
-        m, s, d = blk.num_keys, blk.s, blk.d
-        # dO / Z; rows that see no key (Z = 0) have a constant zero output and pass no gradient on
-        dout = dout * torch.where(z > 0, 1.0 / z, 0.0)[..., None]
-        neg_delta = -(dout * out).sum(-1, keepdim=True)                                 # -delta / Z
-        masks = blk.dropout_masks(query) if (blk.dropout_p > 0 and not kept) else None
-        if blk.dropout_p == 0:  # dS' from one product: [dO / Z, -delta / Z] . [v, 1]
-            do_aug = torch.cat([dout, neg_delta], -1)
-            v_aug = torch.cat([value, value.new_ones(value.shape[:-1] + (1,))], -1)
-        # Contiguous buffers: zeros_like keeps a strided input's layout (the model's keys are permuted views),
-        # and the gradients are written through .view below.
-        dq, dv = (torch.zeros_like(t, memory_format=torch.contiguous_format) for t in (query, value))
-        dx = query.new_zeros(query.shape[:3] + (m,))                                     # row sums of dL_r
-        dy = query.new_zeros(query.shape[:2] + (m, s))                                   # column sums of dL_r
-        q_op, k_op = (query * blk.inv_var[0], keys) if blk.shared else (query, blk.k_scaled)
-        dk_op = torch.zeros_like(k_op, memory_format=torch.contiguous_format)
-        scratch = None
-        for i, (rows, end, lo) in enumerate(blk.blocks()):
-            if kept:
-                p, aux, mask = kept[i]
-            else:
-                p, aux = blk.probs(*blk.scores(rows, end, lo, shift[:, :, rows] if ctx.shifted[i] else None))
-                mask = None if masks is None else next(masks)
-            pv = p if mask is None else p * mask
-            _accumulate(dv, end, pv.transpose(-1, -2), dout[:, :, rows])
-            if mask is None:
-                ds = torch.matmul(do_aug[:, :, rows], v_aug[:, :, :end].transpose(-1, -2))   # (dP - delta) / Z
-            else:
-                ds = torch.matmul(dout[:, :, rows], value[:, :, :end].transpose(-1, -2))
-                ds = torch.addcmul(neg_delta[:, :, rows], ds, mask)
-            if blk.hard:  # dscore = P dS' (P unnormalised: dS' carries 1 / Z), to the key(s) with the largest term
-                ds.mul_(p)
-            dl, scratch = _block_grad(aux, ds, scratch, bool(kept), blk)
-            if not blk.shared:                                                            # (B, H, n, M, e)
-                dx[:, :, rows] = dl.sum(-1)
-                dy[:, :, :, :end] += dl.sum(2)
-                flat = dl.view(dl.shape[:3] + (-1,))
-                dq[:, :, rows] = torch.matmul(flat, blk.key_rows(k_op, end))
-                if end == s:
-                    _accumulate(dk_op.view(dk_op.shape[:2] + (-1, d)), m * s, flat.transpose(-1, -2), q_op[:, :, rows])
-                else:
-                    dk_op[:, :, :, :end] += torch.matmul(flat.transpose(-1, -2), q_op[:, :, rows]).view(
-                        dk_op.shape[:3] + (end, d))
-            else:                                                                         # M slabs
-                for r, t in enumerate(dl):
-                    dx[:, :, rows, r] = t.sum(-1)
-                    dy[:, :, r, :end] += t.sum(-2)
-                dg = dl[0]
-                for r in range(1, m):
-                    dg.add_(dl[r], alpha=blk.rho[r])
-                dq[:, :, rows] = torch.matmul(dg, k_op[:, :, :end])
-                _accumulate(dk_op, end, dg.transpose(-1, -2), q_op[:, :, rows])
-        sv = torch.tensor(blk.inv_var, dtype=query.dtype, device=query.device)
-        prior = not blk.hard and ctx.needs_input_grad[4]
-        if not blk.shared:
-            # L_r = q . (s_r k_r) - s_r |q|^2/2 - s_r |k_r|^2/2 + log pi_r
-            dq -= (dx @ sv)[..., None] * query
-            dk = (dk_op - dy[..., None] * keys).mul_(sv.view(1, 1, m, 1, 1))
-            return (dq, dk, None, dv, dy.sum((0, 3)) if prior else None) + (None,) * 8
-        # L_r = s_r q.k + x_r + y_r, x_r = log pi_r - s_r |q - b_r|^2/2, y_r = -s_r (|k|^2/2 + b_r . k)
-        b = key_shift.transpose(0, 1)                                                     # (M, H, D)
-        wx, wy = dx * sv, dy * sv.view(1, 1, m, 1)                                       # s_r dx_r, s_r dy_r
-        dq = dq * blk.inv_var[0] - wx.sum(-1, keepdim=True) * query + torch.einsum("bhnm,mhd->bhnd", wx, b)
-        dk = dk_op - wy.sum(2)[..., None] * keys - torch.einsum("bhms,mhd->bhsd", wy, b)
-        dshift = (torch.einsum("bhnm,bhnd->hmd", wx, query) - wx.sum((0, 2))[..., None] * key_shift
-                  - torch.einsum("bhms,bhsd->hmd", wy, keys))
-        return (dq, dk, dshift, dv, dx.sum((0, 2)) if prior else None) + (None,) * 8
-
-
-def _accumulate(acc, end, a, b):
-    """acc[:, :, :end] += a @ b for (B, H, ., .) tensors, as one batched product into acc's rows."""
-    acc[:, :, :end].flatten(0, 1).baddbmm_(a.flatten(0, 1), b.flatten(0, 1))
-
-
-def _block_grad(aux, ds, scratch, kept, blk):
-    """dL_r = aux_r * ds for every key r (soft: aux = E_r; hard: the keys' weights from `probs`, ds = dscore).
-    MGK: one (B, H, n, M, e) tensor, sMGK: a list of M slabs. Recomputed E_r are overwritten; kept ones must
-    survive a second backward, so the products go to one reused scratch buffer (a new tensor per block costs
-    page faults)."""
-    if aux is None:  # hard E-step, one key
-        return ([ds] if blk.shared else ds[..., None, :]), scratch
-    m, size = blk.num_keys, ds.numel()
-    if not kept and (not blk.hard or m > 2):
-        return ([a.mul_(ds) for a in aux] if blk.shared else aux.mul_(ds[..., None, :])), scratch
-    if scratch is None or scratch.numel() < m * size:
-        scratch = ds.new_empty(m * size)
-    if blk.shared:  # M contiguous slabs (sMGK's products take one slab)
-        out, slabs = None, [scratch[r * size:(r + 1) * size].view(ds.shape) for r in range(m)]
-    else:  # (B, H, n, M, e), one product over the M * e keys
-        out = scratch[:m * size].view(ds.shape[:3] + (m, ds.shape[-1]))
-        slabs = [out[..., r, :] for r in range(m)]
-    if blk.hard and m == 2:  # aux = key 1's weight w: dL_1 = w ds, dL_2 = ds - dL_1
-        torch.sub(ds, torch.mul(ds, aux, out=slabs[0]), out=slabs[1])
-    elif blk.shared:
-        for a, t in zip(aux, slabs):
-            torch.mul(a, ds, out=t)
-    else:
-        torch.mul(aux, ds[..., None, :], out=out)
-    return (slabs if blk.shared else out), scratch
-
-
-
-
-def _mgk_blocked(query, keys, key_shift, value, var, log_prior, e_step, attention_mask, is_causal, dropout_p,
-                 block_rows, keep_bytes, min_row_sum):
-    hard = e_step == "hard"
-    num_keys = var.numel()
-    inv_var = (1.0 / var.double()).tolist()
-    lp = None if (hard or log_prior is None) else log_prior.to(query.dtype)
-    pad = None if attention_mask is None else ~attention_mask.bool()
-    training = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (query, keys, key_shift, value, lp))
-    b, h, n = query.shape[:3]
-    kept = (num_keys + 1 + (dropout_p > 0)) * b * h * n * keys.shape[-2] * query.element_size()
-    return _BlockedMGK.apply(query, keys, key_shift, value, lp, inv_var, pad, hard, is_causal, dropout_p,
-                             training and kept <= keep_bytes, block_rows, min_row_sum)
-
-
-# ----------------------------------------------------------------------------------------------- compiled path
-# The blocked path's formula as plain torch functions that torch.compile fuses (attention_compile): per block of
-# query rows, with s_r = 1 / sigma_r^2,
-#
-#     L_ijr = s_r G_rij + x_ir + y_jr          G_r = q . k_r (MGK: one product per key; sMGK: one q . k for all r)
-#     MGK:  x_ir = log pi_r - s_r |q_i|^2 / 2,          y_jr = -s_r |k_jr|^2 / 2
-#     sMGK: x_ir = log pi_r - s_r |q_i - b_r|^2 / 2,    y_jr = -s_r (|k_j|^2 / 2 + b_r . k_j)
-#     E_ijr = exp(L_ijr - m_i) on the pairs the masks allow (m_i: the row's largest L, so no row underflows)
-#     P_ij = sum_r E_ijr (soft; hard: exp(max_r L_ijr - m_i)),  Z_i = sum_j P_ij,  h_i = sum_j (P_ij / Z_i) v_j
-#
-# The scores of a block are laid out (B, H, n, M, S): each query's M x S terms contiguous, so the reductions over
-# keys run along a row. x and y are O((N + S) M) numbers computed eagerly with autograd; the compiled functions take
-# G's operands, x, y and V and hand back d/dq, d/dk, d/dx, d/dy, d/dV. Backward recomputes E from q and k with the
-# forward's row shifts m (nothing of size N x S x M is kept): with a_ij = P_ij / Z_i, dA_ij = dO_i . v_j (times the
-# dropout mask), delta_i = sum_j a_ij dA_ij,
-#     soft: dL_ijr = E_ijr (dA_ij - delta_i) / Z_i,      hard: dL_ijr = a_ij (dA_ij - delta_i) w_ijr
-# (w: 1 for the largest term, shared equally by ties, as torch.amax's backward). Dropout masks are drawn inside the
-# compiled forward and kept for backward as bool (B, H, N, S).
-
-
-def _flat_keys(kk):
-    """(B, H, Mk, S, D) -> (B, H, Mk * S, D): every key of a position block in one product's rows."""
-    return kk.reshape(kk.shape[0], kk.shape[1], -1, kk.shape[-1])
-
-
-def _compiled_scores(q, kk, x, y, s, pad, offset):
-    """L (B, H, n, M, S) of one block, -inf where hidden: each query's M x S scores contiguous (from one product
-    with the flattened keys), so that its sums and maxima over keys run along one row. pad (B, S) True = a real
-    key; query i sees keys j <= i + offset (a 0-d tensor; offset >= S: every key)."""
-    n, mk, length = q.shape[2], kk.shape[2], kk.shape[3]
-    g = torch.matmul(q, _flat_keys(kk).transpose(-1, -2)).unflatten(-1, (mk, length))           # (B, H, n, Mk, S)
-    scores = g * s[:, None] + x.transpose(2, 3)[..., None] + y[:, :, None]
-    rows = torch.arange(n, device=q.device)[:, None] + offset
-    allowed = (torch.arange(length, device=q.device) <= rows)[:, None] & pad[:, None, None, None, :]
-    return scores.masked_fill(~allowed, -math.inf)
-
-
-def _compiled_probs(scores, hard, m=None):
-    """(E or the hard weights w (B, H, n, M, S), P (B, H, n, S), m (B, H, n, 1)): see the section comment. m: the
-    row shifts when known (backward takes the forward's: no second pass for the row maxima)."""
-    top = scores.amax(dim=3)
-    if m is None:
-        m = top.amax(dim=-1, keepdim=True)
-        m = torch.where(m > -math.inf, m, torch.zeros_like(m))               # rows that see no key: P = 0
-    if hard:
-        wins = (scores == top[:, :, :, None]).to(scores.dtype)
-        return wins / wins.sum(3, keepdim=True), torch.exp(top - m), m
-    e = torch.exp(scores - m[..., None])
-    return e, e.sum(3), m
-
-
-def _mgk_compiled_block_forward(q, kk, x, y, s, v, pad, offset, hard, dropout_p):
-    """One block's output (B, H, n, Dv), row sums Z (B, H, n, 1), shifts m and dropout mask (or None)."""
-    _, p, m = _compiled_probs(_compiled_scores(q, kk, x, y, s, pad, offset), hard)
-    z = p.sum(-1, keepdim=True)
-    a = p / torch.where(z > 0, z, torch.ones_like(z))
-    keep = None
-    if dropout_p > 0:
-        keep = torch.rand_like(a) >= dropout_p
-        a = a * keep / (1.0 - dropout_p)
-    return torch.matmul(a, v), z, m, keep
-
-
-def _mgk_compiled_block_backward(q, kk, x, y, s, v, pad, offset, hard, dropout_p, z, m, keep, dout):
-    """d/dq, d/dkk, d/dx, d/dy, d/dv of one block (section comment)."""
-    weights, p, _ = _compiled_probs(_compiled_scores(q, kk, x, y, s, pad, offset), hard, m)
-    z = torch.where(z > 0, z, torch.ones_like(z))
-    a = p / z
-    da, dv = value_backward(a, v, dout, keep, dropout_p)
-    delta = (da * a).sum(-1, keepdim=True)
-    if hard:
-        dl = (a * (da - delta))[:, :, :, None] * weights                        # (B, H, n, M, S)
-    else:
-        dl = weights * ((da - delta) / z)[:, :, :, None]
-    dg = dl * s[:, None]
-    if kk.shape[2] == 1:
-        dg = dg.sum(3, keepdim=True)
-    dg = dg.flatten(-2)                                                         # (B, H, n, Mk * S)
-    dq = torch.matmul(dg, _flat_keys(kk))
-    dkk = torch.matmul(dg.transpose(-1, -2), q).unflatten(2, kk.shape[2:4])
-    return dq, dkk, dl.sum(-1).transpose(2, 3), dl.sum(2), dv
-
-
-class _CompiledMGK(torch.autograd.Function):
-    """The compiled path in blocks of query rows: forward and backward each one compiled function per block."""
-
-    @staticmethod
-    def forward(ctx, q, kk, x, y, v, s, pad, hard, is_causal, dropout_p, block_rows):
-        n, length = q.shape[2], kk.shape[3]
-        outs, saved = [], []
-        for rows, end, offset in block_offsets(n, length, is_causal, block_rows, q.device):
-            args = (q[:, :, rows], kk[..., :end, :], x[..., rows], y[..., :end], s, v[:, :, :end], pad[:, :end],
-                    offset, hard, dropout_p)
-            out, z, m, keep = run_compiled("mgk_forward", _mgk_compiled_block_forward, *args)
-            outs.append(out)
-            saved.append((rows, end, offset, z, m, keep))
-        ctx.save_for_backward(q, kk, x, y, v, s, pad)
-        ctx.blocks, ctx.hard, ctx.dropout_p = saved, hard, dropout_p
-        return torch.cat(outs, dim=2)
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, kk, x, y, v, s, pad = ctx.saved_tensors
-        dq, dkk, dx, dy, dv = (torch.zeros_like(t) for t in (q, kk, x, y, v))
-        dout = dout.contiguous()
-        for rows, end, offset, z, m, keep in ctx.blocks:
-            args = (q[:, :, rows], kk[..., :end, :], x[..., rows], y[..., :end], s, v[:, :, :end], pad[:, :end],
-                    offset, ctx.hard, ctx.dropout_p, z, m, keep, dout[:, :, rows])
-            bq, bk, bx, by, bv = run_compiled("mgk_backward", _mgk_compiled_block_backward, *args)
-            dq[:, :, rows] = bq
-            dkk[..., :end, :] += bk
-            dx[..., rows] = bx
-            dy[..., :end] += by
-            dv[:, :, :end] += bv
-        return dq, dkk, dx, dy, dv, None, None, None, None, None, None
-
-
-def _mgk_compiled(query, keys, key_shift, value, var, log_prior, e_step, attention_mask, is_causal, dropout_p,
-                  block_bytes):
-    """MGK (keys (B, H, M, S, D)) or sMGK (keys (B, H, S, D) and key_shift (H, M, D)) through `_CompiledMGK`, in
-    float32 at least (half inputs are computed in float32 and the output cast back)."""
-    hard = e_step == "hard"
-    dtype = torch.promote_types(query.dtype, torch.float32)
-    q, keys, v = query.to(dtype), keys.to(dtype), value.to(dtype)
-    s = (1.0 / var).to(dtype)
-    m = s.numel()
-    if key_shift is None:
-        kk = keys
-        x = (q * q).sum(-1)[:, :, None] * (-0.5 * s)[:, None]                              # (B, H, M, N)
-        y = (keys * keys).sum(-1) * (-0.5 * s)[:, None]                                     # (B, H, M, S)
-    else:
-        kk = keys[:, :, None]
-        b = key_shift.to(dtype)
-        x = (q[:, :, None] - b[None, :, :, None]).pow(2).sum(-1) * (-0.5 * s)[:, None]      # (B, H, M, N)
-        y = ((keys * keys).sum(-1)[:, :, None] * 0.5
-             + torch.einsum("bhsd,hmd->bhms", keys, b)) * -s[:, None]                       # (B, H, M, S)
-    if log_prior is not None and not hard:
-        x = x + log_prior.to(dtype)[None, :, :, None]
-    b_, h, n = q.shape[:3]
-    length = kk.shape[3]
-    pad = key_padding(attention_mask, b_, length, q.device)
-    block_rows = max(1, block_bytes // max(1, b_ * h * m * length * q.element_size()))
-    out = _CompiledMGK.apply(q, kk, x, y, v, s, pad, hard, is_causal, dropout_p, block_rows)
-    return out.to(query.dtype)
-
-
 def mgk_attention(query, keys, value, *, variances, log_prior=None, e_step="soft", attention_mask=None,
                   is_causal=False, dropout_p=0.0, return_weights=False, backend="auto", block_rows=BLOCK_ROWS,
-                  keep_bytes=KEEP_BYTES, min_row_sum=MIN_ROW_SUM, compiled_block_bytes=COMPILED_BLOCK_BYTES):
+                  keep_bytes=KEEP_BYTES, min_row_sum=MIN_ROW_SUM):
     """MGK attention (Eq. 7). query (B,H,N,D), keys (B,H,M,S,D), value (B,H,S,Dv) -> (B,H,N,Dv).
 
     variances: the M absolute sigma_r^2; log_prior: (H, M) log pi (None = uniform, which cancels in the softmax);
     attention_mask: bool (B, S), True = real token, or a whole (B or 1, 1, N, S) mask (bool, or additive float);
     is_causal: query i sees keys j <= i + S - N (bottom-right aligned); dropout_p: dropout on a_ij.
 
-    backend: "auto" (`choose_backend`) or one of BACKENDS ("dense", "sdpa", "blocked", "compiled"; module
-    docstring); every one is exact, and a ValueError names one that cannot run the call ("compiled" where nothing
-    can compile, e.g. HF_MGK_COMPILE=0, warns once and runs the "auto" rule's eager path). With dropout the blocked and dense paths drop
-    a_ij itself; SDPA over the augmented keys drops each key's share of it independently (the same mean, not the
-    same distribution). block_rows, keep_bytes, min_row_sum: the blocked path's block size, the bytes of block
-    probabilities it keeps for backward (above: recomputed), and the row sum below which a block is redone shifted;
-    compiled_block_bytes: the bytes of scores per block of the compiled path.
+    backend: "auto" (`choose_backend`) or one of BACKENDS ("dense", "sdpa", "blocked"; module docstring); every
+    one is exact, and a ValueError names one that cannot run the call (or a removed one, "compiled"). With dropout
+    the blocked and dense paths drop a_ij itself; SDPA over the augmented keys drops each key's share of it
+    independently (the same mean, not the same distribution). block_rows, keep_bytes, min_row_sum: the blocked
+    path's block size, the bytes of block probabilities it keeps for backward (above: recomputed), and the row sum
+    below which a block is redone shifted.
     """
     _check_e_step(e_step)
     _check_shapes(query, keys, value)
     var = _as_variances(variances, query, keys.shape[2])
     backend = _backend(backend, query, attention_mask, e_step, return_weights)
-    if backend == "compiled":
-        return _mgk_compiled(query, keys, None, value, var, log_prior, e_step, attention_mask, is_causal, dropout_p,
-                             compiled_block_bytes)
     if backend == "blocked":
-        return _mgk_blocked(query, keys, None, value, var, log_prior, e_step, attention_mask, is_causal, dropout_p,
+        return mgk_blocked(query, keys, None, value, var, log_prior, e_step, attention_mask, is_causal, dropout_p,
                             block_rows, keep_bytes, min_row_sum)
     if backend == "sdpa":
         return _mgk_soft_sdpa(query, keys, value, var, log_prior, attention_mask, is_causal, dropout_p)
@@ -666,10 +201,10 @@ def mgk_attention(query, keys, value, *, variances, log_prior=None, e_step="soft
 
 def smgk_attention(query, key, key_shift, value, *, variances, log_prior=None, e_step="soft", attention_mask=None,
                    is_causal=False, dropout_p=0.0, return_weights=False, backend="auto", block_rows=BLOCK_ROWS,
-                   keep_bytes=KEEP_BYTES, min_row_sum=MIN_ROW_SUM, compiled_block_bytes=COMPILED_BLOCK_BYTES):
+                   keep_bytes=KEEP_BYTES, min_row_sum=MIN_ROW_SUM):
     """sMGK (option B of the paper): MGK with the M keys k_jr = k_j + b_r of one key projection and a learned
     shift per key and head. key (B,H,S,D), key_shift (H,M,D); the rest as `mgk_attention`, which this equals
-    with keys = key + key_shift. The blocked path computes q.k once for all M keys (section comment above); the
+    with keys = key + key_shift. The blocked path computes q.k once for all M keys (attention_mgk_blocked.py); the
     other backends run `mgk_attention` on the M shifted keys."""
     if key.dim() != 4 or key.shape != query.shape[:2] + key.shape[2:3] + query.shape[3:]:
         raise ValueError(f"`key` must be (B, H, S, D) matching `query` {tuple(query.shape)}, got {tuple(key.shape)}")
@@ -680,11 +215,8 @@ def smgk_attention(query, key, key_shift, value, *, variances, log_prior=None, e
     _check_shapes(query, key[:, :, None].expand(-1, -1, key_shift.shape[1], -1, -1), value)  # shapes only (a view)
     var = _as_variances(variances, query, key_shift.shape[1])
     backend = _backend(backend, query, attention_mask, e_step, return_weights)
-    if backend == "compiled":
-        return _mgk_compiled(query, key, key_shift, value, var, log_prior, e_step, attention_mask, is_causal,
-                             dropout_p, compiled_block_bytes)
     if backend == "blocked":
-        return _mgk_blocked(query, key, key_shift, value, var, log_prior, e_step, attention_mask, is_causal,
+        return mgk_blocked(query, key, key_shift, value, var, log_prior, e_step, attention_mask, is_causal,
                             dropout_p, block_rows, keep_bytes, min_row_sum)
     return mgk_attention(query, key[:, :, None] + key_shift[None, :, :, None, :], value, variances=variances,
                          log_prior=log_prior, e_step=e_step, attention_mask=attention_mask, is_causal=is_causal,

@@ -21,7 +21,7 @@ from .attention_fish import fish_attention, make_gfish_mixing
 # transformers 5.8 and 5.9 copy, from a local folder, only the siblings the model file itself imports: so it
 # names every sibling its siblings import, too.
 from .attention_blocks import row_blocks  # noqa: F401
-from .attention_compile import run  # noqa: F401
+from .attention_fish_recomputed import mix  # noqa: F401
 from .attention_masks import allowed_pairs  # noqa: F401
 from .config_checks import check_int_range  # noqa: F401
 from .configuration_fish_gpt2 import FiSHGPT2Config

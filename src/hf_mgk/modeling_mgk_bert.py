@@ -20,7 +20,7 @@ from transformers.models.bert.modeling_bert import (
 # transformers 5.8 and 5.9 copy, from a local folder, only the siblings the model file itself imports: so it
 # names every sibling its siblings import, too.
 from .attention_blocks import row_blocks  # noqa: F401
-from .attention_compile import run  # noqa: F401
+from .attention_mgk_blocked import mgk_blocked  # noqa: F401
 from .attention_masks import allowed_pairs  # noqa: F401
 from .attention_mgk import mgk_attention  # noqa: F401
 from .config_checks import check_int_range  # noqa: F401

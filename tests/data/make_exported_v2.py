@@ -1,0 +1,52 @@
+"""Writes tests/data/exported_v2/ (committed as exported_v2.tar.gz, so that its copies of old code files are data, not
+source of this tree): tiny checkpoints exported, code files included, by the package as it was before
+the `compiled` backend was retired (issue 25, package at commit 5ca5f6c). Each folder carries the code that
+version copied with it (`attention_compile.py` among them), as a folder published then does on the Hub, and the
+outputs that code gave. tests/test_exported_v2.py loads them with today's classes and, through remote code, in an
+environment without hf_mgk. Kept for the record; rerunning it with later code would only restate what later code
+computes."""
+
+import os
+import sys
+
+import torch
+
+from hf_mgk import FiSHGPT2Config, FiSHGPT2LMHeadModel, MGKBertConfig, MGKBertForMaskedLM, MGKGPT2Config
+from hf_mgk import MGKGPT2LMHeadModel
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+import tiny  # noqa: E402
+
+OUT = os.path.join(HERE, "exported_v2")
+CASES = {  # folder -> (class, config)
+    "mgk-bert-mgk": (MGKBertForMaskedLM, MGKBertConfig(**tiny.bert(dropout=False), attention_type="mgk")),
+    "mgk-gpt2-smgk-hard": (MGKGPT2LMHeadModel, MGKGPT2Config(**tiny.gpt2(dropout=False, special_ids=True),
+                                                             attention_type="smgk", e_step="hard")),
+    "fish-gpt2-gfish": (FiSHGPT2LMHeadModel, FiSHGPT2Config(**tiny.gpt2(dropout=False, special_ids=True),
+                                                            attention_type="gfish")),
+}
+
+
+def main():
+    if os.path.exists(OUT):
+        sys.exit(f"{OUT} exists; it records the old code's outputs and is not rewritten")
+    os.makedirs(OUT)
+    torch.manual_seed(0)
+    ids = torch.randint(3, 99, (2, 12))
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, 8:] = 0
+    torch.save({"input_ids": ids, "attention_mask": mask}, os.path.join(OUT, "inputs.pt"))
+    for i, (name, (cls, config)) in enumerate(CASES.items()):
+        torch.manual_seed(1 + i)
+        model = cls(config).eval()
+        with torch.no_grad():
+            out = model(ids, attention_mask=mask, output_hidden_states=True)
+        folder = os.path.join(OUT, name)
+        model.save_pretrained(folder)
+        assert os.path.exists(os.path.join(folder, "attention_compile.py")), "the old code was not copied"
+        torch.save({"logits": out.logits, "hidden_states": out.hidden_states}, os.path.join(folder, "expected.pt"))
+
+
+if __name__ == "__main__":
+    main()
