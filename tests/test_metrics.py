@@ -3,6 +3,7 @@
 Classification and correlation metrics are compared with scikit-learn / scipy called here directly; SQuAD with
 examples worked by hand from the official scripts' definitions (the arithmetic is in the comments)."""
 
+import logging
 import os
 import shutil
 import socket
@@ -18,6 +19,7 @@ import pytest
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
+import hf_mgk.metrics
 from hf_mgk.metrics import SHIPPED_METRICS, load_metric, shipped_metric_path
 from hf_mgk.metrics.squad_scoring import normalize_answer
 
@@ -107,6 +109,75 @@ def test_hub_tried_only_when_reachable_then_falls_back(monkeypatch, env, hub_off
     metric = load_metric("accuracy")
     assert calls == (["accuracy"] if hub_tried else []) + [shipped_metric_path("accuracy")]
     assert metric.compute(predictions=[1, 0], references=[1, 1]) == {"accuracy": 0.5}
+
+
+@pytest.fixture
+def hub_unreachable(monkeypatch, load_calls):
+    """What a newcomer without a network has: no offline variable set, so load_metric tries the Hub, and
+    evaluate.load of a bare name raises what evaluate 0.4 raises then (reproduced with the variables unset on a
+    machine without a network). Local folders still load. The once-per-process fallback note is reset."""
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.delenv("HF_EVALUATE_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hf_mgk.metrics, "_fallback_logged", False)
+    spy = evaluate.load  # load_calls' spy: records every path, then loads it
+
+    def offline(path, *args, **kwargs):
+        if not os.path.isdir(path):
+            load_calls.append(path)
+            raise FileNotFoundError(
+                f"Couldn't find a module script at {os.path.abspath(os.path.join(path, path + '.py'))}. "
+                f"Module '{path}' doesn't exist on the Hugging Face Hub either.")
+        return spy(path, *args, **kwargs)
+
+    monkeypatch.setattr(evaluate, "load", offline)
+    return load_calls
+
+
+def test_offline_hub_fallback_is_one_info_line_not_a_warning(hub_unreachable, caplog):
+    """The main job run offline without HF_HUB_OFFLINE logged a WARNING for this intended path (issue 25)."""
+    load_calls = hub_unreachable
+    caplog.set_level(logging.DEBUG)
+    accuracy = load_metric("accuracy")
+    glue = load_metric("glue", "sst2")
+    assert load_calls == ["accuracy", shipped_metric_path("accuracy"), "glue", shipped_metric_path("glue")]
+    assert accuracy.compute(predictions=[1, 0], references=[1, 1]) == {"accuracy": 0.5}
+    assert glue.compute(predictions=[1, 0], references=[1, 1]) == {"accuracy": 0.5}
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    ours = [r for r in caplog.records if r.name == "hf_mgk.metrics"]
+    assert [r.levelno for r in ours] == [logging.INFO, logging.DEBUG]
+    assert "not reachable" in ours[0].getMessage() and "shipped with hf_mgk" in ours[0].getMessage()
+    assert "Couldn't find" not in caplog.text  # evaluate's local-path wording is not repeated to the user
+
+
+def test_real_errors_still_raise_when_the_hub_is_unreachable(hub_unreachable):
+    load_calls = hub_unreachable
+    with pytest.raises(ValueError, match="Unknown metric 'bleu'"):
+        load_metric("bleu")
+    assert load_calls == []  # an unknown name fails before the Hub is tried
+    with pytest.raises(ValueError, match="glue needs a task.*'mnlii'"):
+        load_metric("glue", "mnlii")  # a config the module lacks: the shipped module's own error
+
+
+def test_a_hub_module_refusing_a_config_falls_back_and_the_shipped_one_decides(monkeypatch, caplog):
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.delenv("HF_EVALUATE_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hf_mgk.metrics, "_fallback_logged", False)
+    real_load = evaluate.load
+
+    def hub_refuses(path, config_name=None, **kwargs):  # the Hub's glue lacks "ax" (and any misspelt task)
+        if not os.path.isdir(path):
+            raise KeyError(f"You should supply a configuration name selected in [...], got {config_name!r}")
+        return real_load(path, config_name, **kwargs)
+
+    monkeypatch.setattr(evaluate, "load", hub_refuses)
+    caplog.set_level(logging.DEBUG)
+    assert load_metric("glue", "ax").compute(predictions=[0, 1, 2], references=[0, 1, 1])
+    with pytest.raises(ValueError, match="glue needs a task.*'mnlii'"):
+        load_metric("glue", "mnlii")
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert "raised KeyError" in caplog.records[0].getMessage()
 
 
 def test_hub_module_returned_when_hub_load_succeeds(monkeypatch):

@@ -45,7 +45,9 @@ def load_metric(name, config_name=None, **kwargs):
     """`evaluate.load(name, config_name, **kwargs)` from the Hub when reachable, else the shipped copy.
 
     Any failure of the Hub load (no connection, a config the Hub module lacks such as glue "ax") falls back to
-    the shipped module, which then reports its own errors (e.g. an unknown glue task)."""
+    the shipped module, which then reports its own errors (e.g. an unknown glue task); a name not shipped here is
+    a ValueError before the Hub is tried. The fallback is the intended path offline, so it is not a warning: the
+    first one in a process is one info line, later ones debug lines."""
     import evaluate
 
     path = shipped_metric_path(name)
@@ -53,5 +55,24 @@ def load_metric(name, config_name=None, **kwargs):
         try:
             return evaluate.load(name, config_name, **kwargs)
         except Exception as err:  # noqa: BLE001 - whatever went wrong, the shipped module is the fallback
-            logger.warning("evaluate.load(%r) from the Hub failed (%s); using the copy shipped with hf_mgk", name, err)
+            _log_fallback(name, err)
     return evaluate.load(path, config_name, **kwargs)
+
+
+_fallback_logged = False
+
+
+def _log_fallback(name, err):
+    """Say once per process (info) that the shipped copy replaces the Hub's, then only at debug level.
+
+    Offline, evaluate raises FileNotFoundError ("Couldn't find a module script at <cwd>/<name>/<name>.py ...
+    doesn't exist on the Hugging Face Hub either"); connection errors are OSErrors too. Anything else means the
+    Hub module was reached and refused the call; the shipped module then decides (and raises if it refuses too)."""
+    global _fallback_logged
+    level = logging.DEBUG if _fallback_logged else logging.INFO
+    _fallback_logged = True
+    if isinstance(err, OSError):
+        logger.log(level, "evaluate.load(%r): the Hub is not reachable; using the copy shipped with hf_mgk", name)
+    else:
+        logger.log(level, "evaluate.load(%r) from the Hub raised %s: %s; using the copy shipped with hf_mgk", name,
+                   type(err).__name__, err)
