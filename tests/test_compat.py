@@ -24,7 +24,7 @@ import tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The last v4 release, the first v5 release, one in the middle (5.9: it copies a local folder's files its own way)
-# and the newest at the time of writing. Every 5.x minor release was run by hand (README, "Publish").
+# and the newest at the time of writing. Every 5.x minor release was run by hand (docs/publishing.md).
 VERSIONS = os.environ.get("HF_MGK_COMPAT_VERSIONS", "4.57.6,5.0.0,5.9.0,5.23.0").split(",")
 
 BERT = tiny.bert(dropout=False)

@@ -4,7 +4,7 @@
 A family is its configuration, its modeling module (whose `PreTrainedModel` holds `_auto_map`: Auto class -> class
 name, the source of truth for which models it has), its model card and one `Family` record here. Registration with
 the Auto classes (`hf_mgk/__init__.py`), the training scripts, the hub code, the quickstart, the benchmark, the
-reproductions and the shared tests all read this registry. Adding a family: README, "For maintainers"."""
+reproductions and the shared tests all read this registry. Adding a family: docs/maintainers.md."""
 
 from dataclasses import dataclass
 
