@@ -303,6 +303,16 @@ def elapsed_seconds(base, results, now):
         return now
 
 
+def claim_command(claim, args, passthrough):
+    """The command that reruns this claim, as results.json and the report show it (an absolute output folder is
+    this machine's: see R.reader_command)."""
+    return R.reader_command(["python", "scripts/reproduce.py", "--claim", claim.name, "--seeds", *map(str, args.seeds),
+                             "--scale", args.scale, "--device", args.device,
+                             *(["--max_steps", str(args.max_steps)] if args.max_steps else []),
+                             *(["--threads", str(args.threads)] if args.threads else []),
+                             "--output_dir", args.output_dir, *passthrough])
+
+
 def run_claim(claim, args, passthrough):
     base = os.path.join(args.output_dir, claim.name)
     data = R.prepare_data(os.path.join(args.output_dir, f"data-{args.scale}"), args.scale)
@@ -346,11 +356,7 @@ def run_claim(claim, args, passthrough):
                  if k in data},
         "wall_seconds": sum(run["seconds"] for run in results.values()),
         "harness_seconds": elapsed_seconds(base, results, time.time() - start),
-        "command": shlex.join(["python", "scripts/reproduce.py", "--claim", claim.name, "--seeds",
-                               *map(str, args.seeds), "--scale", args.scale, "--device", args.device,
-                               *(["--max_steps", str(args.max_steps)] if args.max_steps else []),
-                               *(["--threads", str(args.threads)] if args.threads else []),
-                               "--output_dir", args.output_dir, *passthrough]),
+        "command": claim_command(claim, args, passthrough),
     }
     if claim.kind in SCRIPTS:
         results_json["lm_head_flop_share"] = lm_head_share(claim, args, data)

@@ -39,7 +39,7 @@ def _public_definitions(module):
     return {n for n in names if not n.startswith("_") and n not in ("logger", "__all__")}
 
 
-@pytest.mark.parametrize("package", ["hf_mgk.hub", "hf_mgk.training"])
+@pytest.mark.parametrize("package", ["hf_mgk.hub", "hf_mgk.training", "hf_mgk.reproduce"])
 def test_each_package_exports_exactly_what_its_modules_define(package):
     """The packages gather their modules' `__all__`; each `__all__` lists every public name its module defines and
     nothing else, so a new function is exported (or made private) on purpose, and the lists cannot drift."""

@@ -3,10 +3,13 @@ and verdict rules on hand-made numbers, and the harness end to end on a tiny bud
 recomputed from its per-seed numbers, the report)."""
 
 import dataclasses
+import glob
 import importlib.util
 import json
 import math
 import os
+import re
+import shlex
 import statistics
 
 import pytest
@@ -208,15 +211,34 @@ TWO_ARMS = R.Claim(
 
 @pytest.mark.slow
 def test_harness_end_to_end_resume_and_statistics(tmp_path, monkeypatch, capsys):
+    """Seed 0 of both arms; the same command again (read back, nothing retrained); then seeds 0 and 1 (seed 0 read
+    back, seed 1 trained alone) and the statistics over the two seeds. Four training runs in all, each a child
+    process (what the test's time goes to), the last two through the parallel path."""
     monkeypatch.setitem(R.CLAIMS, TWO_ARMS.name, TWO_ARMS)
     script = load_script("reproduce")
-    out = str(tmp_path / "repro")
-    argv = ["--claim", "test-mlm", "--scale", "tiny", "--seeds", "0", "1", "--max_steps", "2", "--threads", "1",
-            "--output_dir", out, "--jobs", "2"]
-    first = script.main(argv)["test-mlm"]
+    out = str(tmp_path / "repro")  # absolute, like a machine's own folder: the report shows the reader's
+    argv = ["--claim", "test-mlm", "--scale", "tiny", "--max_steps", "2", "--threads", "1", "--output_dir", out,
+            "--jobs", "2"]
+    first = script.main(argv + ["--seeds", "0"])["test-mlm"]
+
+    # Resume: nothing is retrained, the results are the same.
+    stamps = {p: os.path.getmtime(p) for p in (os.path.join(out, "test-mlm", "runs", a, "seed0", "model.safetensors")
+                                                for a in ("softmax-4", "mgk-2"))}
+    capsys.readouterr()
+    again = script.main(argv + ["--seeds", "0"])["test-mlm"]
+    assert capsys.readouterr().out.count("finished earlier, read back") == 2
+    assert {p: os.path.getmtime(p) for p in stamps} == stamps
+    assert again["arms"]["mgk-2"]["seeds"] == first["arms"]["mgk-2"]["seeds"]
+
+    # Another seed is another run: it trains alone, the earlier ones are read back.
+    capsys.readouterr()
+    last = script.main(argv + ["--seeds", "0", "1"])["test-mlm"]
+    printed = capsys.readouterr().out
+    assert printed.count("finished earlier, read back") == 2 and printed.count("seed 1: eval_loss") == 2
+    assert {p: os.path.getmtime(p) for p in stamps} == stamps
 
     saved = json.load(open(os.path.join(out, "test-mlm", "results.json")))
-    assert saved["verdict"] == first["verdict"] and saved["claim"] == "test-mlm"
+    assert saved["verdict"] == last["verdict"] and saved["claim"] == "test-mlm"
     for name, arm in saved["arms"].items():
         assert set(arm["seeds"]) == {"0", "1"}
         for metric in ("eval_loss", "perplexity", "eval_accuracy"):
@@ -225,6 +247,7 @@ def test_harness_end_to_end_resume_and_statistics(tmp_path, monkeypatch, capsys)
             assert arm["std"][metric] == pytest.approx(statistics.stdev(values))
             run = json.load(open(os.path.join(out, "test-mlm", "runs", name, "seed0", "all_results.json")))
         assert arm["seeds"]["0"]["eval_loss"] == run["eval_loss"]  # what run_mlm.py wrote
+        assert arm["seeds"]["0"] == first["arms"][name]["seeds"]["0"]  # read back, not retrained
         assert arm["parameters"] > 0 and arm["curves"]["0"]
     assert saved["arms"]["softmax-4"]["seeds"]["0"] != saved["arms"]["softmax-4"]["seeds"]["1"]  # seeds differ
     assert saved["checks"][0]["outcome"] in (R.HOLDS, R.FAILS, R.INCONCLUSIVE)
@@ -235,23 +258,12 @@ def test_harness_end_to_end_resume_and_statistics(tmp_path, monkeypatch, capsys)
     assert f"{saved['arms']['mgk-2']['mean']['eval_loss']:.4g}" in report
     assert "scripts/reproduce.py --claim test-mlm" in report
     assert "evaluated on the first 5,000 characters of the held-out plays" in report
+    # the command as the reader runs it: no folder of this machine
+    command = report.split("Command:")[1].split("```")[1].strip()
+    assert command == saved["command"] and f"--output_dir {R.READER_OUTPUT_DIR}" in command
+    assert not [token for token in shlex.split(command) if os.path.isabs(token)]
     for figure in ("curves.png", "final.png"):
         assert os.path.getsize(os.path.join(out, "test-mlm", figure)) > 1000
-
-    # Resume: nothing is retrained, the results are the same.
-    stamps = {p: os.path.getmtime(p) for p in (os.path.join(out, "test-mlm", "runs", a, f"seed{s}", "model.safetensors")
-                                                for a in ("softmax-4", "mgk-2") for s in (0, 1))}
-    capsys.readouterr()
-    again = script.main(argv)["test-mlm"]
-    assert capsys.readouterr().out.count("finished earlier, read back") == 4
-    assert {p: os.path.getmtime(p) for p in stamps} == stamps
-    assert again["arms"]["mgk-2"]["seeds"] == first["arms"]["mgk-2"]["seeds"]
-
-    # Another budget is another run: it trains again, and a new seed trains alone.
-    capsys.readouterr()
-    script.main(argv[:argv.index("--seeds")] + ["--seeds", "0", "1", "2"] + argv[argv.index("--max_steps"):])
-    printed = capsys.readouterr().out
-    assert printed.count("finished earlier, read back") == 4 and printed.count("seed 2: eval_loss") == 2
 
 
 def test_harness_arguments_are_checked(capsys):
@@ -348,3 +360,45 @@ def test_regenerating_a_report_keeps_the_elapsed_time(tmp_path):
     results = json.load(open(os.path.join(ROOT, "docs", "reproductions", "mgk-lm", "results.json")))
     results["budget"]["jobs"] = 2
     assert f"{results['harness_seconds'] / 60:.1f} min from start to end, 2 at a time" in R.report_markdown(results)
+
+
+@pytest.mark.parametrize("given, shown", [("/work/rd", R.READER_OUTPUT_DIR), ("outputs/repro", "outputs/repro")])
+def test_the_command_shows_the_output_folder_as_a_reader_runs_it(given, shown):
+    """results.json and report.md show the command that reruns the claim: an absolute output folder is the running
+    machine's and is shown as the README's folder; a relative one stays as given."""
+    script = load_script("reproduce")
+    args, passthrough = script.parse_args(["--claim", "mgk-lm", "--output_dir", given, "--threads", "1",
+                                           "--bf16"])
+    command = script.claim_command(R.CLAIMS["mgk-lm"], args, passthrough)
+    assert command.endswith(f"--threads 1 --output_dir {shown} --bf16")
+    assert not [token for token in shlex.split(command) if os.path.isabs(token)]
+
+
+REPRODUCTIONS = os.path.join(ROOT, "docs", "reproductions")
+
+
+@pytest.mark.parametrize("folder", sorted(os.path.relpath(os.path.dirname(p), REPRODUCTIONS) for p in glob.glob(
+    os.path.join(REPRODUCTIONS, "**", "results.json"), recursive=True)))
+def test_committed_reports_are_their_results_as_the_package_writes_them(folder):
+    """Each committed report.md is what report_markdown makes of the results.json beside it (figures in
+    draw_figures' order), so a change to the report is regenerated into them, and its command names no folder of
+    the machine that ran it."""
+    folder = os.path.join(REPRODUCTIONS, folder)
+    results = json.load(open(os.path.join(folder, "results.json"), encoding="utf-8"))
+    figures = [f for f in ("curves.png", "ranks.png", "final.png") if os.path.isfile(os.path.join(folder, f))]
+    assert open(os.path.join(folder, "report.md"), encoding="utf-8").read() == R.report_markdown(results, figures)
+    assert not [token for token in shlex.split(results["command"]) if os.path.isabs(token)]
+
+
+def test_committed_reproductions_hold_no_machine_path():
+    """No committed text under docs/reproductions names a folder of the machine that made it (a reader's checkout
+    has none of them)."""
+    machine_path = re.compile(r"(?<![\w.])/(work|tmp|root|home)\b")
+    found = []
+    for folder, _, files in os.walk(REPRODUCTIONS):
+        for name in files:
+            if name.endswith((".md", ".json")):
+                with open(os.path.join(folder, name), encoding="utf-8") as f:
+                    found += [f"{os.path.join(folder, name)}:{i}" for i, line in enumerate(f, 1)
+                              if machine_path.search(line)]
+    assert not found
