@@ -9,6 +9,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The Triton kernels run on CPU tensors in Triton's interpreter, which must be chosen before triton is imported
+# (torch's import may import it): so set here, before torch, unless HF_MGK_TEST_CUDA=1 asks for the compiled
+# kernels on a CUDA GPU (`HF_MGK_TEST_CUDA=1 pytest -m cuda`). torch cannot be asked whether a GPU is present
+# before it is imported, hence the variable.
+if os.environ.get("HF_MGK_TEST_CUDA", "0") in ("", "0"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 import torch
@@ -52,25 +58,27 @@ def positions(mask):
     return (mask.cumsum(-1) - 1).clamp_min(0)
 
 
-def load_benchmark_script(name):
-    """scripts/benchmark.py as a module of its own (`name`: one per test file, so none shares another's state)."""
+def load_benchmark_script():
+    """scripts/benchmark.py, the command, as a module of its own (its code is the package hf_mgk.benchmark)."""
     import importlib.util
     import pathlib
 
     path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "benchmark.py"
-    spec = importlib.util.spec_from_file_location(name, path)
+    spec = importlib.util.spec_from_file_location("hf_mgk_benchmark_command", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def children_in_process(bench, calls):
-    """A stand-in for the benchmark's `call_child` that runs the child function here, its result through JSON as
-    from a child process, appending (name, args, result) to `calls`."""
+def children_in_process(calls):
+    """A stand-in for the benchmark's `call_child` (hf_mgk.benchmark.measure.call_child) that runs the child function
+    here, its result through JSON as from a child process, appending (name, args, result) to `calls`."""
     import json
 
+    from hf_mgk.benchmark import cli
+
     def call_child(name, call_args):
-        result = json.loads(json.dumps(bench.CHILD_FUNCTIONS[name](*call_args)))
+        result = json.loads(json.dumps(cli.CHILD_FUNCTIONS[name](*call_args)))
         calls.append((name, call_args, result))
         return result
 

@@ -1,4 +1,5 @@
-"""The FLOP / parameter counting of scripts/benchmark.py's fish family against App. D (fishformer, App. D).
+"""The FLOP / parameter counting of the benchmark's fish family (hf_mgk.benchmark.counting) against App. D
+(fishformer, App. D).
 
 FlopCounterMode counts 2*m*n*k per product (m x k)(k x n) and no elementwise op; App. D counts (2k-1)*m*n plus
 the noise add. So the counted attention-matrix part must be App. D's terms with 2k in place of 2k-1: that is
@@ -6,6 +7,7 @@ asserted exactly, so the benchmark's counted column measures what App. D describ
 """
 
 
+import argparse
 import contextlib
 import io
 
@@ -13,11 +15,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from hf_mgk.benchmark import attention, counting, measure, models
 from hf_mgk.flops import fish_cost
 
-from conftest import children_in_process, load_benchmark_script
-
-bench = load_benchmark_script("hf_mgk_benchmark_script")
+from conftest import children_in_process
 
 D_X, H, M, D, LAYERS = 32, 4, 2, 8, 2
 SIZE = dict(n_embd=D_X, n_layer=LAYERS, n_inner=64, vocab_size=50, bos_token_id=0, eos_token_id=0,
@@ -31,15 +32,15 @@ def _tiny(monkeypatch):
 
 def _use_size(monkeypatch, size):
     for kind in ("gpt2", "fish_gpt2"):
-        entry = list(bench.BUILDERS[kind])
+        entry = list(models.BUILDERS[kind])
         entry[3] = size
-        monkeypatch.setitem(bench.BUILDERS, kind, tuple(entry))
+        monkeypatch.setitem(models.BUILDERS, kind, tuple(entry))
 
 
 def _model(attention_type):
     if attention_type == "softmax":
-        return bench.build("gpt2", {"n_head": H}, 16).train()
-    return bench.build("fish_gpt2", {"n_head": H, "head_dim": D, "num_global_heads": M,
+        return models.build("gpt2", {"n_head": H}, 16).train()
+    return models.build("fish_gpt2", {"n_head": H, "head_dim": D, "num_global_heads": M,
                                      "attention_type": attention_type}, 16).train()
 
 
@@ -59,13 +60,13 @@ def _matmul_convention(attention_type, n):
 def test_counted_attention_matrix_part_is_app_d_in_the_2mnk_convention(attention_type):
     model = _model(attention_type)
     batch, n = 2, 24
-    counted = sum(bench.attention_matrix_flops(block.attn, batch, n) for block in model.h)
+    counted = sum(counting.attention_matrix_flops(block.attn, batch, n) for block in model.h)
     assert counted == LAYERS * batch * _matmul_convention(attention_type, n)
     # parameters have no convention to differ in: counted on the modules == App. D (iii)/(iv)
     ref = fish_cost(D_X, H, M, D, n, variant="fish" if attention_type == "softmax" else attention_type)
     key = "mha_params" if attention_type == "softmax" else "fish_params"
-    assert sum(bench.attention_matrix_params(block.attn) for block in model.h) == LAYERS * ref[key]
-    assert bench.app_d(model.config, batch, n)["appd_params"] == LAYERS * ref[key]
+    assert sum(counting.attention_matrix_params(block.attn) for block in model.h) == LAYERS * ref[key]
+    assert counting.app_d(model.config, batch, n)["appd_params"] == LAYERS * ref[key]
 
 
 def test_counted_ratio_tracks_app_d_at_the_benchmark_size(monkeypatch):
@@ -74,16 +75,16 @@ def test_counted_ratio_tracks_app_d_at_the_benchmark_size(monkeypatch):
     within 3% (the 2k vs 2k-1 convention, largest on the mixing: 2M vs 2M-1 per entry): the counted column
     and App. D's measure the same thing."""
     n, h, m = 4096, 8, 2
-    size = {**bench.GPT2_SIZE, "n_layer": 1}
+    size = {**models.GPT2_SIZE, "n_layer": 1}
     _use_size(monkeypatch, size)
-    soft = bench.build("gpt2", {"n_head": h}, 16)
-    hard = bench.build("fish_gpt2", {"n_head": h, "num_global_heads": m, "attention_type": "hard_fish"}, 16)
-    c_soft = bench.attention_matrix_flops(soft.h[0].attn, 1, n)
-    c_fish = bench.attention_matrix_flops(hard.h[0].attn, 1, n)
+    soft = models.build("gpt2", {"n_head": h}, 16)
+    hard = models.build("fish_gpt2", {"n_head": h, "num_global_heads": m, "attention_type": "hard_fish"}, 16)
+    c_soft = counting.attention_matrix_flops(soft.h[0].attn, 1, n)
+    c_fish = counting.attention_matrix_flops(hard.h[0].attn, 1, n)
     d = size["n_embd"] // h
     assert c_fish / c_soft == pytest.approx(m / h + m / d, rel=0.05)
-    d_soft = bench.app_d(soft.config, 1, n)["appd_flops"]
-    d_fish = bench.app_d(hard.config, 1, n)["appd_flops"]
+    d_soft = counting.app_d(soft.config, 1, n)["appd_flops"]
+    d_fish = counting.app_d(hard.config, 1, n)["appd_flops"]
     assert c_fish / c_soft == pytest.approx(d_fish / d_soft, rel=0.03)
 
 
@@ -95,11 +96,11 @@ def test_cpu_sdpa_is_counted_on_the_causal_triangle():
     with torch.utils.flop_counter.FlopCounterMode(display=False) as stock:
         F.scaled_dot_product_attention(q, q, q, is_causal=True)
     visible = n * (n + 1) // 2
-    with bench.flop_counter_mode() as fc:
+    with counting.flop_counter_mode() as fc:
         F.scaled_dot_product_attention(q, q, q, is_causal=True)
     if stock.get_total_flops() == 0:  # the CPU flash kernel ran (no PyTorch formula)
         assert fc.get_total_flops() == 2 * 2 * H * visible * d
-    with bench.flop_counter_mode() as fc:
+    with counting.flop_counter_mode() as fc:
         F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
     if stock.get_total_flops() == 0:
         full = (torch.utils.flop_counter.sdpa_flop_count(q.shape, q.shape, q.shape)
@@ -111,8 +112,8 @@ def test_whole_model_counts():
     """count_flops on the real forward: the attention modules' share is exactly what differs between the
     models (the MLPs are the same), and forward + backward is about 3x the forward."""
     ids = torch.randint(0, SIZE["vocab_size"], (1, 64))
-    soft = bench.flop_report(_model("softmax"), ids)
-    fish = bench.flop_report(_model("hard_fish"), ids)
+    soft = counting.flop_report(_model("softmax"), ids)
+    fish = counting.flop_report(_model("hard_fish"), ids)
     for r in (soft, fish):
         assert 0 < r["flops_attn"] < r["flops_fwd"]
         assert 2.5 * r["flops_fwd"] <= r["flops_fwd_bwd"] <= 3.5 * r["flops_fwd"]
@@ -123,34 +124,32 @@ def test_whole_model_counts():
 @pytest.mark.parametrize("path", ["sdpa", "hard_fish", "mish", "gfish"])
 def test_fish_attention_step_gives_gradients(path):
     """The benchmark's step reaches every leaf: q, k, v, and the mixing and sigma where the type has them."""
-    step = bench.fish_attention_step(path, 4, 2, 24, 2, 8)
+    step = attention.fish_attention_step(path, 4, 2, 24, 2, 8)
     step()
     leaves = [c.cell_contents for c in step.__closure__ if isinstance(c.cell_contents, torch.Tensor)
               and c.cell_contents.requires_grad]
-    expected = 3 if path == "sdpa" else 3 + (path != "gfish") + (path in bench.FISH_NOISY)
+    expected = 3 if path == "sdpa" else 3 + (path != "gfish") + (path in attention.FISH_NOISY)
     assert len(leaves) == expected and all(t.grad is not None and torch.isfinite(t.grad).all() for t in leaves)
 
 
 def test_fish_attention_table_in_process(monkeypatch):
-    """Every FiSH type's auto and compiled rows beside SDPA, ratios from the printed times; with compiling turned
-    off the compiled rows say why."""
+    """Every FiSH type's row (the path its rule picks) beside SDPA, ratios from the printed times."""
     calls = []
     threads = torch.get_num_threads()
-    monkeypatch.setattr(bench, "call_child", children_in_process(bench, calls))
-    monkeypatch.setenv("HF_MGK_COMPILE", "0")
-    args = bench.argparse.Namespace(heads=4, global_heads=2, batch=1, repeats=1, threads=threads, lengths=[32],
-                                    fish_types=None)
+    monkeypatch.setattr(measure, "call_child", children_in_process(calls))
+    args = argparse.Namespace(heads=4, global_heads=2, batch=1, repeats=1, threads=threads, lengths=[32],
+                              fish_types=None)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        bench.run_fish_attention(args, {})
+        attention.run_fish_attention(args, {})
     torch.set_num_threads(threads)
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.getvalue().splitlines()
-            if line.startswith("| 32 |")]
-    assert [r[2] for r in rows] == list(bench.FISH_PATHS) and len(rows) == 2 * len(bench.FISH_TYPES)
-    assert {c[1][0] for c in calls} == {"sdpa", *bench.FISH_PATHS}
-    compiled = [r for r in rows if r[2].endswith("compiled")]
-    assert all(r[3] == "not compiled: turned off by HF_MGK_COMPILE=0" for r in compiled)
-    for r in (r for r in rows if r not in compiled):
+    lines = out.getvalue().splitlines()
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines if line.startswith("| 32 |")]
+    assert "| N | SDPA ms | path | ms | x SDPA | x counted FLOPs | peak MiB |" in lines
+    assert [r[2] for r in rows] == list(attention.FISH_PATHS) == list(models.FISH_TYPES)
+    assert all(len(r) == 7 for r in rows)
+    assert {c[1][0] for c in calls} == {"sdpa", *attention.FISH_PATHS}
+    for r in rows:
         ms, base_ms, ratio = float(r[3]), float(r[1]), float(r[4])
         assert abs(ratio - ms / base_ms) <= 0.005 + 0.011 * ms / base_ms
         assert float(r[5]) > 0

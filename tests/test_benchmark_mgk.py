@@ -1,7 +1,8 @@
-"""scripts/benchmark.py's MGK attention-alone table: the papers' FLOP formula, what FlopCounterMode counts on the
-blocked paths (the products the formula needs, no M*S augmented keys), and one in-process run of the table at a
-tiny length. No timed assertion: the machine is shared and noisy."""
+"""The benchmark's MGK attention-alone table (hf_mgk.benchmark.attention): the papers' FLOP formula, what
+FlopCounterMode counts on the blocked paths (the products the formula needs, no M*S augmented keys), and one
+in-process run of the table at a tiny length. No timed assertion: the machine is shared and noisy."""
 
+import argparse
 import contextlib
 import io
 
@@ -9,10 +10,11 @@ import pytest
 import torch
 
 from hf_mgk import attention_mgk as am
+from hf_mgk.benchmark import attention as bench
+from hf_mgk.benchmark import measure
+from hf_mgk.benchmark.counting import flop_counter_mode
 
-from conftest import children_in_process, load_benchmark_script
-
-bench = load_benchmark_script("hf_mgk_benchmark_script_mgk")
+from conftest import children_in_process
 
 
 def test_paper_formula_is_the_issue_count():
@@ -28,7 +30,7 @@ def test_paper_formula_counts_the_dense_form():
     b, heads, n, d = 1, 8, 12, 16
     q, v = torch.randn(b, heads // 2, n, d), torch.randn(b, heads // 2, n, d)
     keys = torch.randn(b, heads // 2, 2, n, d)
-    with torch.no_grad(), bench.flop_counter_mode() as fc:
+    with torch.no_grad(), flop_counter_mode() as fc:
         am.mgk_attention(q, keys, v, variances=[4.0, 12.0], backend="dense")
     assert fc.get_total_flops() == 2 * bench.mgk_paper_flops("MGK soft", heads, n, d)
 
@@ -47,10 +49,10 @@ def test_blocked_paths_pay_what_the_formula_needs(path):
     pairs = b * (heads // 2) * n * n
     linear = 2 * b * (heads // 2) * n * m * d if kind == "smgk" else 0
     step = bench.mgk_attention_step(path, heads, n, b, d)
-    with bench.flop_counter_mode() as fc:
+    with flop_counter_mode() as fc:
         step()
     assert fc.get_total_flops() == 2 * pairs * (per_pair_fwd + per_pair_bwd) + 5 * linear
-    with torch.no_grad(), bench.flop_counter_mode() as fc:
+    with torch.no_grad(), flop_counter_mode() as fc:
         g = torch.Generator().manual_seed(0)
         q, v = torch.randn(b, heads // 2, n, d, generator=g), torch.randn(b, heads // 2, n, d, generator=g)
         if kind == "smgk":
@@ -65,8 +67,7 @@ def test_blocked_paths_pay_what_the_formula_needs(path):
         (r * (d + 2) + d) / ((r + 1) * d))
 
 
-@pytest.mark.parametrize("path", ["sdpa", *(pytest.param(p, marks=pytest.mark.slow) if "compiled" in p else p
-                                            for p in bench.MGK_PATHS)])  # compiling takes seconds per graph
+@pytest.mark.parametrize("path", ["sdpa", *bench.MGK_PATHS])
 def test_attention_step_gives_gradients(path):
     step = bench.mgk_attention_step(path, 4, 24, 2, 8)
     step()
@@ -78,21 +79,18 @@ def test_attention_step_gives_gradients(path):
 def test_attention_table_in_process(monkeypatch):
     calls = []
     threads = torch.get_num_threads()
-    monkeypatch.setattr(bench, "call_child", children_in_process(bench, calls))
-    monkeypatch.setenv("HF_MGK_COMPILE", "0")  # the compiled rows then say why they did not compile (fast tier)
+    monkeypatch.setattr(measure, "call_child", children_in_process(calls))
     monkeypatch.setattr("sys.argv", ["benchmark.py", "--heads", "8", "--repeats", "1", "--threads", str(threads)])
-    args = bench.argparse.Namespace(heads=8, batch=1, repeats=1, threads=threads)
+    args = argparse.Namespace(heads=8, batch=1, repeats=1, threads=threads)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         bench.run_mgk_attention(args, {"lengths": [32]})
     torch.set_num_threads(threads)
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.getvalue().splitlines()
-            if line.startswith("| 32 |")]
-    assert [r[2] for r in rows] == list(bench.MGK_PATHS)
+    lines = out.getvalue().splitlines()
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines if line.startswith("| 32 |")]
+    assert "| N | SDPA ms | path | ms | x SDPA | x paper FLOPs | target (1.1x) | x counted FLOPs | peak MiB |" in lines
+    assert [r[2] for r in rows] == list(bench.MGK_PATHS) and all(len(r) == 9 for r in rows)
     assert {c[1][0] for c in calls} == {"sdpa", *bench.MGK_PATHS}
-    compiled = [r for r in rows if r[2].endswith("compiled")]
-    assert len(compiled) == 4 and all(r[3] == "not compiled: turned off by HF_MGK_COMPILE=0" for r in compiled)
-    rows = [r for r in rows if r not in compiled]
     for r in rows:
         ms, base_ms, ratio = float(r[3]), float(r[1]), float(r[4])
         assert abs(ratio - ms / base_ms) <= 0.005 + 0.011 * ms / base_ms

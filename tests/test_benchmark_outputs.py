@@ -1,64 +1,97 @@
-"""scripts/benchmark.py's outputs: the rows behind every table, --csv, --markdown, --figures, --mode, --head-dims,
-the refusal to overwrite, the CUDA check, the headsize family's equal parameters and the paper formula per model.
+"""The benchmark's outputs (scripts/benchmark.py, the package hf_mgk.benchmark): the command and the children's
+entry point, the rows behind every table, --csv, --markdown, --figures, --mode, --head-dims, the refusal to
+overwrite, the CUDA check, the headsize family's equal parameters and the paper formula per model.
 
 main() runs in this process with tiny models (every child call made here, through JSON as from a child). No timed
 assertion: the machine is shared and noisy; what is asserted is what can be computed from the printed numbers.
 """
 
+import argparse
 import csv
+import json
 
 import pytest
 import torch
 
 from hf_mgk import flops
+from hf_mgk.benchmark import cli, counting, measure, models, tables
+from hf_mgk.benchmark.cases import FAMILIES, headsize_cases
 
 from conftest import children_in_process, load_benchmark_script
-
-bench = load_benchmark_script("hf_mgk_benchmark_script_outputs")
 
 TINY_BERT = dict(hidden_size=32, num_hidden_layers=1, intermediate_size=64, vocab_size=50,
                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 LENGTHS, HEAD_DIMS, HEADS = (16, 32), (8, 16), 4
 
 
+def _use_tiny(mp):
+    """Tiny BERT-sized builders and every child call made in this process (`mp`: a MonkeyPatch); the calls made."""
+    for kind in ("bert", "mgk"):
+        entry = list(models.BUILDERS[kind])
+        entry[3] = TINY_BERT
+        mp.setitem(models.BUILDERS, kind, tuple(entry))
+    calls = []
+    mp.setattr(measure, "call_child", children_in_process(calls))
+    return calls
+
+
 @pytest.fixture
 def tiny(monkeypatch):
-    """Tiny BERT-sized builders and every child call made in this process; returns the calls made."""
-    for kind in ("bert", "mgk"):
-        entry = list(bench.BUILDERS[kind])
-        entry[3] = TINY_BERT
-        monkeypatch.setitem(bench.BUILDERS, kind, tuple(entry))
-    calls = []
-    monkeypatch.setattr(bench, "call_child", children_in_process(bench, calls))
+    """`_use_tiny` for one test; returns the calls made."""
     threads = torch.get_num_threads()
-    yield calls
+    yield _use_tiny(monkeypatch)
     torch.set_num_threads(threads)
 
 
 def _main(monkeypatch, *argv):
     monkeypatch.setattr("sys.argv", ["benchmark.py", *argv, "--threads", str(torch.get_num_threads())])
-    bench.main()
+    cli.main()
 
 
-@pytest.fixture
-def mgk_run(tiny, monkeypatch, tmp_path):
-    """One run of the mgk family: both modes, two head sizes, two lengths, every output file."""
-    out = tmp_path / "out"
+@pytest.fixture(scope="module")
+def mgk_run(tmp_path_factory):
+    """One run of the mgk family, read by every test that takes it: both modes, two head sizes, two lengths, every
+    output file."""
+    out = tmp_path_factory.mktemp("out")
     argv = ["--family", "mgk", "--models-only", "--mode", "both", "--heads", str(HEADS), "--repeats", "1",
             "--lengths", *map(str, LENGTHS), "--head-dims", *map(str, HEAD_DIMS),
             "--csv", str(out / "r.csv"), "--markdown", str(out / "r.md"), "--figures", str(out / "figs")]
-    out.mkdir()
-    _main(monkeypatch, *argv)
+    threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp:
+        calls = _use_tiny(mp)
+        _main(mp, *argv)
+    torch.set_num_threads(threads)
     with open(out / "r.csv") as f:
         rows = list(csv.DictReader(f))
-    return out, rows, tiny
+    return out, rows, calls
+
+
+def test_the_command_is_the_package_main():
+    """scripts/benchmark.py is a command only: its main is the package's, and each child is started as the package's
+    entry point (`python -m hf_mgk.benchmark --_child ...`), whose main is the same."""
+    from hf_mgk.benchmark import __main__ as entry
+
+    assert load_benchmark_script().main is cli.main and entry.main is cli.main
+    command = measure.child_command("measure_attention", ["band", 32, False, 2, 1, 1])
+    assert command[1:4] == ["-m", "hf_mgk.benchmark", "--_child"] and command[-2:] == ["--_device", "cpu"]
+    assert json.loads(command[4]) == ["measure_attention", ["band", 32, False, 2, 1, 1]]
+
+
+def test_child_prints_its_result_as_json(capsys):
+    """The child's side of call_child, in this process: --_child runs the named function and prints its result as
+    JSON on the last line, which call_child reads (a real child: test_benchmark_nprf.py, slow tier)."""
+    threads = torch.get_num_threads()
+    cli.main(["--_child", json.dumps(["measure_attention", ["band", 32, False, 2, 1, 1]]), "--_device", "cpu"])
+    torch.set_num_threads(threads)
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert r["seconds"] > 0 and r["peak_mib"] >= 0
 
 
 @pytest.mark.slow
 def test_csv_has_one_row_per_measurement(mgk_run):
     out, rows, calls = mgk_run
     with open(out / "r.csv") as f:
-        assert next(csv.reader(f)) == bench.CSV_COLUMNS
+        assert next(csv.reader(f)) == tables.CSV_COLUMNS
     cases = 4  # BERT, MGK soft, sMGK soft, MGK hard
     assert len(rows) == 2 * len(HEAD_DIMS) * len(LENGTHS) * cases == len(calls)
     assert {r["mode"] for r in rows} == {"train", "forward"} and {r["device"] for r in rows} == {"cpu"}
@@ -158,7 +191,7 @@ def test_interleave_times_every_model_in_one_child_alternating(tiny, monkeypatch
     """--interleave: per length, each case's own child only counts (no timed step), and one child builds every case
     and alternates their timed steps; the rows' times are that child's, the memory and FLOPs each case's own."""
     order = []
-    real_model_step = bench.model_step
+    real_model_step = models.model_step
 
     def model_step(kind, overrides, length, batch, mode):
         model, ids, step = real_model_step(kind, overrides, length, batch, mode)
@@ -170,13 +203,13 @@ def test_interleave_times_every_model_in_one_child_alternating(tiny, monkeypatch
         order.append("end")
         return result
 
-    real_interleaved = bench.CHILD_FUNCTIONS["measure_interleaved"]
-    monkeypatch.setattr(bench, "model_step", model_step)
-    monkeypatch.setitem(bench.CHILD_FUNCTIONS, "measure_interleaved", interleaved)
+    real_interleaved = cli.CHILD_FUNCTIONS["measure_interleaved"]
+    monkeypatch.setattr(models, "model_step", model_step)
+    monkeypatch.setitem(cli.CHILD_FUNCTIONS, "measure_interleaved", interleaved)
     argv = ["--family", "mgk", "--models-only", "--mode", "train", "--heads", str(HEADS), "--repeats", "3",
             "--lengths", *map(str, LENGTHS), "--interleave", "--csv", str(tmp_path / "r.csv")]
     _main(monkeypatch, *argv)
-    cases = list(bench.FAMILIES["mgk"](bench.argparse.Namespace(lengths=None, heads=HEADS))["cases"].values())
+    cases = list(FAMILIES["mgk"](argparse.Namespace(lengths=None, heads=HEADS))["cases"].values())
     per_case = [c for c in tiny if c[0] == "measure"]
     together = [c for c in tiny if c[0] == "measure_interleaved"]
     assert len(per_case) == len(LENGTHS) * len(cases) and len(together) == len(LENGTHS)
@@ -209,20 +242,19 @@ def test_cuda_asked_but_unavailable(monkeypatch, capsys):
 def test_headsize_family_has_equal_parameters(tiny, monkeypatch, capsys):
     """Fixed head sizes 128 and 32 against BERT's d/H = 64 at the benchmark's own width: H D = d each, so the
     models have the same parameters, printed and equal; the head sizes and counts differ as named."""
-    monkeypatch.setitem(bench.BUILDERS, "bert", bench.Builder(*list(bench.BUILDERS["bert"])[:3], bench.BERT_SIZE,
-                                                               *list(bench.BUILDERS["bert"])[4:]))
-    monkeypatch.setitem(bench.BUILDERS, "mgk", bench.Builder(*list(bench.BUILDERS["mgk"])[:3], bench.BERT_SIZE,
-                                                              *list(bench.BUILDERS["mgk"])[4:]))
-    spec = bench.headsize_cases(bench.argparse.Namespace(lengths=None))
+    for kind in ("bert", "mgk"):  # back to the benchmark's own width
+        entry = list(models.BUILDERS[kind])
+        monkeypatch.setitem(models.BUILDERS, kind, models.Builder(*entry[:3], models.BERT_SIZE, *entry[4:]))
+    spec = headsize_cases(argparse.Namespace(lengths=None))
     shapes = {}
     for case, (kind, overrides) in spec["cases"].items():
-        config = bench.make_config(kind, overrides, 128)
+        config = models.make_config(kind, overrides, 128)
         d = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        shapes[case] = (config.num_attention_heads, d, sum(p.numel() for p in bench.build(kind, overrides, 128)
+        shapes[case] = (config.num_attention_heads, d, sum(p.numel() for p in models.build(kind, overrides, 128)
                                                           .parameters()))
     assert sorted((h, d) for h, d, _ in shapes.values()) == [(4, 128), (8, 64), (8, 64), (16, 32)]
     assert len({n for _, _, n in shapes.values()}) == 1
-    bench.print_equal_params("t", spec, {(case, 128): {"params": n} for case, (_, _, n) in shapes.items()})
+    tables.print_equal_params("t", spec, {(case, 128): {"params": n} for case, (_, _, n) in shapes.items()})
     assert capsys.readouterr().out.rstrip().endswith("-- all equal")
 
 
@@ -241,8 +273,8 @@ def test_headsize_family_has_equal_parameters(tiny, monkeypatch, capsys):
 ])
 def test_paper_formula_for_every_model_kind(kind, overrides, formula, expected):
     size = {"n_embd": 32, "n_layer": 2} if "gpt2" in kind else {"hidden_size": 32, "num_hidden_layers": 2}
-    config = bench.make_config(kind, {**size, **overrides}, 24)
-    value, scope = bench.paper_flops(kind, config, 24, 3, formula)
+    config = models.make_config(kind, {**size, **overrides}, 24)
+    value, scope = counting.paper_flops(kind, config, 24, 3, formula)
     if expected is None:
         assert value is None and scope.startswith("no formula")
     else:
@@ -252,11 +284,11 @@ def test_paper_formula_for_every_model_kind(kind, overrides, formula, expected):
 def test_mgk_gpt2_family():
     """MGK-GPT2 (H/2 heads of GPT-2's head size) against GPT-2 (H heads), both by App. B: the formula ratio is
     App. B's (ii) over (i)."""
-    spec = bench.FAMILIES["mgk-gpt2"](bench.argparse.Namespace(heads=8, lengths=[256]))
+    spec = FAMILIES["mgk-gpt2"](argparse.Namespace(heads=8, lengths=[256]))
     rows = {}
     for case, (kind, overrides) in spec["cases"].items():
-        config = bench.make_config(kind, overrides, 256)
-        rows[case] = bench.paper_flops(kind, config, 256, 1, spec.get("formula", "app_b"))[0]
+        config = models.make_config(kind, overrides, 256)
+        rows[case] = counting.paper_flops(kind, config, 256, 1, spec.get("formula", "app_b"))[0]
     base = rows.pop(spec["baseline"])
     assert base == 2 * flops.mgk_attention_flops(256, 512, 8, 64)
     assert set(rows.values()) == {2 * flops.mgk_attention_flops(256, 512, 4, 64, 2)}

@@ -9,7 +9,7 @@ import pytest
 
 def test_importing_the_package_loads_no_tooling():
     code = ("import sys, hf_mgk; tooling = sorted(m for m in sys.modules if m.split('.')[:2] in "
-            "(['hf_mgk', 'hub'], ['hf_mgk', 'training'], ['hf_mgk', 'reproduce'], ['hf_mgk', 'bundled'], ['hf_mgk', 'scripts'])); "
+            "(['hf_mgk', 'hub'], ['hf_mgk', 'training'], ['hf_mgk', 'reproduce'], ['hf_mgk', 'bundled'], ['hf_mgk', 'scripts'], ['hf_mgk', 'benchmark'])); "
             "print(tooling)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -1,0 +1,15 @@
+"""The benchmark behind `scripts/benchmark.py` (its options: `python scripts/benchmark.py --help`): each attention
+family's models beside their softmax baseline, and the attention alone, as time, memory, parameter and FLOP ratios.
+`import hf_mgk` does not load it. One job a module:
+
+- `cases`: the families (--family): which models against which baseline, at which lengths, and their tables;
+- `models`: the models' sizes, how a child rebuilds one, and its timed step;
+- `attention`, `nprf`: the attention alone (MGK and FiSH paths; NPRF's exact paths) and their tables;
+- `measure`: child processes (`call_child`), timing, memory, a model's measurement, --interleave;
+- `counting`: FLOPs counted (FlopCounterMode) and by the papers' formulas;
+- `tables`, `figures`: the rows, the console and Markdown tables, --csv, --figures;
+- `cli`: the options and `main`; `python -m hf_mgk.benchmark` runs it, and is how each child is started."""
+
+from .cli import main
+
+__all__ = ["main"]

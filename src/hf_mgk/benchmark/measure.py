@@ -1,0 +1,137 @@
+"""Measurement: each case in a fresh child process (`call_child`), a step's time (median of synchronised calls
+after a warm-up) and the memory it adds, a whole model's step with its FLOPs (`measure`), and the models of a
+family timed together with their steps alternating (`measure_interleaved`, for --interleave).
+
+`call_child` is looked up on this module when it is called (`measure.call_child` from the other modules), so a
+test can run every child in its own process by replacing it here."""
+
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from . import counting, models
+
+DEVICE = "cpu"  # main() sets it from --device; call_child hands it to the child
+
+
+def generator():
+    """A seeded generator on the device the child computes on."""
+    return torch.Generator(device=torch.get_default_device()).manual_seed(0)
+
+
+def on_cuda():
+    """Whether the child computes on the GPU (the child's entry point sets the default device there for --device
+    cuda)."""
+    return torch.get_default_device().type == "cuda"
+
+
+def _rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def timed(step, repeats, warm_up=None):
+    """A warm-up call (`warm_up`, default `step`; the peak memory it adds is the memory figure), then the median
+    of `repeats` calls of `step`, synchronised on a GPU. Returns ({seconds, peak_mib}, the warm-up's return)."""
+    if on_cuda():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    else:
+        before = _rss_bytes()
+    warm = (warm_up or step)()
+    if on_cuda():
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - before
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    times = [step_seconds(step) for _ in range(repeats)]
+    return {"seconds": statistics.median(times) if times else None, "peak_mib": max(peak, 0) / 2**20}, warm
+
+
+def step_seconds(step):
+    """Seconds of one call of `step`, synchronised on a GPU."""
+    start = time.perf_counter()
+    step()
+    if on_cuda():
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+# ------------------------------------------------------------------ in the child: the whole models
+def measure(kind, overrides, length, batch, repeats, threads, detail=False, mode="train"):
+    """Runs in the child: median step seconds (None with repeats = 0), peak added MiB, parameter count and
+    FlopCounterMode's counts (count_flops; with `detail`, FiSH's flop_report), taken on the (untimed) warm-up step
+    of `model_step`."""
+    torch.set_num_threads(threads)
+    model, ids, step = models.model_step(kind, overrides, length, batch, mode)
+    params = sum(p.numel() for p in model.parameters())
+    # warm-up: allocations, kernel selection; and the step FlopCounterMode counts (untimed)
+    attention = models.BUILDERS[kind][9]
+    warm_up = (lambda: counting.flop_report(model, ids, step)) if detail else (
+        lambda: counting.count_flops(model, ids, step, attention))
+    result, counts = timed(step, repeats, warm_up)
+    result["params"] = params
+    result.update(counts)
+    return result
+
+
+def measure_interleaved(cases, length, batch, repeats, threads, mode):
+    """Runs in the child (--interleave): every case's `model_step` built in this one process and warmed up, then
+    `repeats` rounds that each time one step of every case in turn; the median seconds per case, in order. The
+    cases' steps alternate, so the baseline and each model are timed under the same machine state (load, clock),
+    where separate children are timed minutes apart."""
+    torch.set_num_threads(threads)
+    steps = [models.model_step(kind, overrides, length, batch, mode)[2] for kind, overrides in cases]
+    for step in steps:
+        step()
+    times = [[] for _ in steps]
+    for _ in range(repeats):
+        for step, took in zip(steps, times):
+            took.append(step_seconds(step))
+    return {"seconds": [statistics.median(took) for took in times]}
+
+
+# ------------------------------------------------------------------ in the parent: the children
+def child_command(name, call_args):
+    """The command line of a child that runs CHILD_FUNCTIONS[name](*call_args) (hf_mgk.benchmark.cli) and prints
+    its result as JSON: the benchmark's own entry point, with what the child is to compute on."""
+    return [sys.executable, "-m", "hf_mgk.benchmark", "--_child", json.dumps([name, call_args]), "--_device", DEVICE]
+
+
+def call_child(name, call_args):
+    """Run CHILD_FUNCTIONS[name](*call_args) in a fresh interpreter (clean memory peak); its result dict."""
+    proc = subprocess.run(child_command(name, call_args), capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip().splitlines()[-1][:120] if proc.stderr.strip() else "failed"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_child(kind, overrides, length, args, detail=False, mode="train", repeats=None):
+    return call_child("measure", [kind, overrides, length, args.batch, args.repeats if repeats is None else repeats,
+                                  args.threads, detail, mode])
+
+
+def run_cases(spec, length, args, mode):
+    """{(case, length): result} of every case of a family at one length: each case's own child (memory, FLOPs,
+    parameters; and its time unless --interleave), then with --interleave one child that times all of them
+    alternating (`measure_interleaved`), whose times replace the separate ones."""
+    repeats = args.repeats if length <= spec.get("repeat_up_to", math.inf) else 1
+    detail = spec.get("flop_detail", False) and mode == "train"
+    results = {(case, length): run_child(kind, overrides, length, args, detail, mode, 0 if args.interleave else repeats)
+               for case, (kind, overrides) in spec["cases"].items()}
+    if args.interleave:
+        together = call_child("measure_interleaved", [list(spec["cases"].values()), length, args.batch, repeats,
+                                                      args.threads, mode])
+        for case, seconds in zip(spec["cases"], together.get("seconds") or [None] * len(spec["cases"])):
+            result = results[(case, length)] = {**results[(case, length)], "seconds": seconds}
+            if "error" in together and "error" not in result:
+                result["error"] = f"interleaved timing: {together['error']}"
+    return results
