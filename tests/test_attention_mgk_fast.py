@@ -250,8 +250,8 @@ def test_smgk_attention_equals_mgk_with_shifted_keys_on_every_path():
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["mgk", "smgk"])
-@pytest.mark.parametrize("e_step,backend", [(e, b) for e in ("soft", "hard") for b in BACKENDS
-                                            if (e, b) != ("hard", "sdpa")])  # SDPA: the soft E-step only
+@pytest.mark.parametrize("e_step,backend", [(e, b) for e in ("soft", "hard") for b in BACKENDS  # SDPA: soft only;
+                                            if (e, b) != ("hard", "sdpa") and b != "triton"])  # triton: its own file
 @pytest.mark.parametrize("n,s,causal,padded", [(9, 9, False, True), (9, 9, True, True), (4, 9, True, False)])
 def test_every_backend_matches_reference(shared, e_step, backend, n, s, causal, padded):
     """Every named backend (the augmented-key SDPA path is the one used on accelerators, in half precision and
@@ -275,13 +275,26 @@ MGK_RULE = [  # facts of a call -> the backend backend="auto" takes
     (dict(device_type="cuda"), "sdpa"),
     (dict(device_type="cuda", e_step="hard"), "dense"),
     (dict(device_type="cuda", return_weights=True), "dense"),
+    # with Triton installed: CUDA calls the kernels cover, never the CPU
+    (dict(device_type="cuda", triton=True), "triton"),
+    (dict(device_type="cuda", triton=True, e_step="hard"), "triton"),
+    (dict(device_type="cuda", triton=True, dtype=torch.bfloat16, autocast=True), "triton"),
+    (dict(device_type="cuda", triton=True, dtype=torch.float16, mask="padding"), "triton"),
+    (dict(device_type="cuda", triton=True, return_weights=True), "dense"),
+    (dict(device_type="cuda", triton=True, mask="pairs"), "sdpa"),
+    (dict(device_type="cuda", triton=True, tracing=True, e_step="hard"), "dense"),
+    (dict(device_type="cuda", triton=True, variance_grad=True), "sdpa"),
+    (dict(device_type="cuda", triton=True, head_size=256), "sdpa"),
+    (dict(device_type="cuda", triton=True, dtype=torch.float64), "sdpa"),
+    (dict(triton=True), "blocked"),
+    (dict(triton=True, dtype=torch.bfloat16), "sdpa"),
 ]
 
 
 @pytest.mark.parametrize("facts,expected", MGK_RULE)
 def test_backend_rule(facts, expected):
     call = dict(e_step="soft", return_weights=False, device_type="cpu", dtype=torch.float32, autocast=False,
-                tracing=False, mask=None)
+                tracing=False, mask=None, triton=False, head_size=64, variance_grad=False)
     assert choose_backend(**{**call, **facts}) == expected
 
 

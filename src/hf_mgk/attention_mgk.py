@@ -16,6 +16,8 @@ Three exact backends compute it (`choose_backend` picks one for backend="auto"):
   blocked  per block of query rows, the M keys' log-kernel terms from one product (sMGK: one q.k for all M
            shifted keys), the keys' exponentials summed and multiplied by V once, with a hand-written backward
            (attention_mgk_blocked.py).
+  triton   fused Triton kernels in the flash pattern, forward and backward (attention_mgk_triton.py): CUDA tensors,
+           or CPU tensors in Triton's interpreter (TRITON_INTERPRET=1 set before triton is imported).
 A fourth, "compiled" (torch.compile / inductor), was measured slower than these everywhere and removed; asking
 for it is a ValueError that says so.
 The plain references the tests hold these to are in `hf_mgk.reference` (not part of this file).
@@ -29,6 +31,9 @@ import torch.nn.functional as F
 
 from .attention_blocks import autocast_enabled, resolve_backend
 from .attention_mgk_blocked import BLOCK_ROWS, KEEP_BYTES, MIN_ROW_SUM, mgk_blocked
+from .attention_mgk_triton import mgk_triton
+from .attention_mgk_triton import available as triton_available
+from .attention_mgk_triton import refusal as triton_refusal
 from .attention_masks import allowed_pairs, causal_mask, is_tracing, mask_kind, masked_scores
 
 __all__ = [
@@ -42,31 +47,56 @@ __all__ = [
     "smgk_attention",
 ]
 
-BACKENDS = ("dense", "sdpa", "blocked")
+BACKENDS = ("dense", "sdpa", "blocked", "triton")
 MLK_BACKENDS = ("dense", "linear")
 # Chunk length of causal MLK (`_causal_linear`).
 MLK_CHUNK = 64
 
 
-def choose_backend(*, e_step, return_weights, device_type, dtype, autocast, tracing, mask):
+def choose_backend(*, e_step, return_weights, device_type, dtype, autocast, tracing, mask, triton=False,
+                   head_size=64, variance_grad=False):
     """The backend `mgk_attention` / `smgk_attention` run with backend="auto", from plain facts about the call:
     e_step "soft" / "hard"; device_type e.g. "cpu"; dtype the query's; autocast: whether autocast is on for that
-    device; tracing: traced or compiled; mask: None, "padding" (B, S) or "pairs" (a whole 4-D mask).
+    device; tracing: traced or compiled; mask: None, "padding" (B, S) or "pairs" (a whole 4-D mask); triton:
+    whether Triton is installed; head_size: the larger of the q / k and v head sizes;
+    variance_grad: the variances are a tensor that needs a gradient.
 
     The weights come from the dense form only. On the CPU in float32 / float64 outside autocast (a padding mask or
     none, not traced: its Python loop reads tensor values) the blocked path, with or without autograd, so that
-    training and evaluation compute bit for bit the same function. Elsewhere (accelerators, half precision,
-    autocast) the soft E-step as one SDPA call, the hard E-step in the dense form.
+    training and evaluation compute bit for bit the same function. On a CUDA GPU with Triton the fused kernels,
+    for the calls they cover (`_refusals`: a padding mask or none, not traced, fixed variances, head
+    sizes up to attention_mgk_triton.MAX_HEAD_SIZE, float32 / bfloat16 / float16); never on the CPU (there they run
+    only in Triton's interpreter, for tests).
+    Elsewhere (other accelerators, half precision, autocast, and what the kernels do not cover) the soft E-step as
+    one SDPA call, the hard E-step in the dense form.
     Why (timings): hf-mgk's docs/benchmarks/kernel-notes.md#mgk-path-rule."""
     if return_weights:
         return "dense"
     if (device_type == "cpu" and dtype in (torch.float32, torch.float64) and not autocast and not tracing
             and mask != "pairs"):
         return "blocked"
+    if device_type == "cuda" and triton and _triton_refusal(
+            e_step=e_step, return_weights=return_weights, device_type=device_type, dtype=dtype, tracing=tracing,
+            mask=mask, triton=triton, head_size=head_size, variance_grad=variance_grad) is None:
+        return "triton"
     return "dense" if e_step == "hard" else "sdpa"
 
 
-def _refusals(*, e_step, return_weights, device_type, dtype, autocast, tracing, mask):
+def _triton_refusal(*, return_weights, device_type, dtype, tracing, mask, triton, head_size, variance_grad, **_):
+    """Why the Triton kernels cannot run a call (None: they can); `triton`: whether Triton is installed."""
+    if not triton:
+        return "triton is not installed"
+    return ("return_weights (only 'dense' forms the weights)" if return_weights
+            else "a whole 4-D mask" if mask == "pairs"
+            else "tracing or compiling (an outer trace cannot see into the kernels)" if tracing
+            else "variances that need a gradient (sigma is fixed in the Triton kernels)" if variance_grad
+            else f"{dtype} (the kernels take float32, bfloat16 and float16)"
+            if dtype not in (torch.float32, torch.bfloat16, torch.float16)
+            else triton_refusal(device_type, head_size))
+
+
+def _refusals(*, e_step, return_weights, device_type, dtype, autocast, tracing, mask, triton=False, head_size=64,
+              variance_grad=False):
     """Why each backend cannot run a call (None: it can)."""
     blocked = ("return_weights (only 'dense' forms the weights)" if return_weights
                else "a whole 4-D mask" if mask == "pairs"
@@ -75,13 +105,18 @@ def _refusals(*, e_step, return_weights, device_type, dtype, autocast, tracing, 
                else "tracing or compiling (its Python loop reads tensor values)" if tracing else None)
     sdpa = ("the hard E-step" if e_step == "hard"
             else "return_weights (only 'dense' forms the weights)" if return_weights else None)
-    return {"dense": None, "sdpa": sdpa, "blocked": blocked}
+    triton_ = _triton_refusal(e_step=e_step, return_weights=return_weights, device_type=device_type, dtype=dtype,
+                              tracing=tracing, mask=mask, triton=triton, head_size=head_size,
+                              variance_grad=variance_grad)
+    return {"dense": None, "sdpa": sdpa, "blocked": blocked, "triton": triton_}
 
 
-def _backend(backend, query, attention_mask, e_step, return_weights):
+def _backend(backend, query, attention_mask, e_step, return_weights, value=None, variances=None):
     facts = dict(e_step=e_step, return_weights=return_weights, device_type=query.device.type, dtype=query.dtype,
                  autocast=autocast_enabled(query.device.type), tracing=is_tracing(),
-                 mask=mask_kind(attention_mask))
+                 mask=mask_kind(attention_mask), triton=triton_available(),
+                 head_size=max(query.shape[-1], query.shape[-1] if value is None else value.shape[-1]),
+                 variance_grad=isinstance(variances, torch.Tensor) and variances.requires_grad)
     return resolve_backend(backend, choose_backend(**facts), _refusals(**facts))
 
 
@@ -179,17 +214,21 @@ def mgk_attention(query, keys, value, *, variances, log_prior=None, e_step="soft
     attention_mask: bool (B, S), True = real token, or a whole (B or 1, 1, N, S) mask (bool, or additive float);
     is_causal: query i sees keys j <= i + S - N (bottom-right aligned); dropout_p: dropout on a_ij.
 
-    backend: "auto" (`choose_backend`) or one of BACKENDS ("dense", "sdpa", "blocked"; module docstring); every
-    one is exact, and a ValueError names one that cannot run the call (or a removed one, "compiled"). With dropout
-    the blocked and dense paths drop a_ij itself; SDPA over the augmented keys drops each key's share of it
-    independently (the same mean, not the same distribution). block_rows, keep_bytes, min_row_sum: the blocked
+    backend: "auto" (`choose_backend`) or one of BACKENDS ("dense", "sdpa", "blocked", "triton"; module docstring);
+    every one is exact, and a ValueError names one that cannot run the call (or a removed one, "compiled"). With
+    dropout the blocked and dense paths drop a_ij itself; SDPA over the augmented keys drops each key's share of it
+    independently (the same mean, not the same distribution); the Triton kernels drop a_ij with a mask drawn in the
+    kernels (from one seed of torch's generator). block_rows, keep_bytes, min_row_sum: the blocked
     path's block size, the bytes of block probabilities it keeps for backward (above: recomputed), and the row sum
     below which a block is redone shifted.
     """
     _check_e_step(e_step)
     _check_shapes(query, keys, value)
     var = _as_variances(variances, query, keys.shape[2])
-    backend = _backend(backend, query, attention_mask, e_step, return_weights)
+    backend = _backend(backend, query, attention_mask, e_step, return_weights, value, variances)
+    if backend == "triton":
+        return mgk_triton(query, keys, None, value, variances, log_prior, e_step, attention_mask, is_causal,
+                          dropout_p)
     if backend == "blocked":
         return mgk_blocked(query, keys, None, value, var, log_prior, e_step, attention_mask, is_causal, dropout_p,
                             block_rows, keep_bytes, min_row_sum)
@@ -214,7 +253,10 @@ def smgk_attention(query, key, key_shift, value, *, variances, log_prior=None, e
     _check_e_step(e_step)
     _check_shapes(query, key[:, :, None].expand(-1, -1, key_shift.shape[1], -1, -1), value)  # shapes only (a view)
     var = _as_variances(variances, query, key_shift.shape[1])
-    backend = _backend(backend, query, attention_mask, e_step, return_weights)
+    backend = _backend(backend, query, attention_mask, e_step, return_weights, value, variances)
+    if backend == "triton":
+        return mgk_triton(query, key, key_shift, value, variances, log_prior, e_step, attention_mask, is_causal,
+                          dropout_p)
     if backend == "blocked":
         return mgk_blocked(query, key, key_shift, value, var, log_prior, e_step, attention_mask, is_causal,
                             dropout_p, block_rows, keep_bytes, min_row_sum)
