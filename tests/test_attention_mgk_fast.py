@@ -334,3 +334,25 @@ def test_smgk_attention_rejects_bad_shapes():
         smgk_attention(q, key, shift[:2], v, variances=_variances(2))
     with pytest.raises(ValueError, match="one sigma"):
         smgk_attention(q, key, shift, v, variances=[1.0])
+
+
+@pytest.mark.parametrize("device,d,dv,width", [("cpu", 64, 64, 66), ("meta", 64, 64, 72), ("meta", 30, 30, 32),
+                                               ("meta", 32, 40, 40), ("cpu", 32, 40, 40)])
+def test_sdpa_path_pads_its_width_to_a_multiple_of_8_off_the_cpu(monkeypatch, device, d, dv, width):
+    """The augmented-key SDPA path (the fallback where Triton is absent) builds q, k and v at one width, D + 2 or
+    Dv; off the CPU rounded up to a multiple of 8 so that the GPU's fused SDPA kernels take it (zeros: no dot product
+    changes). The meta device stands in for a GPU: the shapes SDPA is handed are what is checked."""
+    import torch.nn.functional as F
+
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        seen.append((q.shape[-1], k.shape[-1], v.shape[-1]))
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    q = torch.randn(1, 2, 5, d, device=device)
+    out = mgk_attention(q, torch.randn(1, 2, 2, 5, d, device=device), torch.randn(1, 2, 5, dv, device=device),
+                        variances=[1.0, 2.0], backend="sdpa")
+    assert seen == [(width, width, width)] and out.shape == (1, 2, 5, dv)
