@@ -48,16 +48,27 @@ def test_tokenizer_folders_are_gpt2s_bpe():
     assert roberta.mask_token_id == 50261
 
 
-@pytest.mark.slow  # python -m hf_mgk in child processes
-def test_command_line_prints_paths_the_scripts_take(tmp_path):
+@pytest.mark.slow  # python -m hf_mgk in a child process
+def test_command_line_prints_paths_the_scripts_take(tmp_path, capsys):
+    """One command as a user runs it (`python -m hf_mgk bert`, a child process: `import hf_mgk` there takes most of
+    its seconds); the others through the same `main` in this process, with its exit status and printed lines."""
     import subprocess
     import sys
 
-    def run(*args):
-        proc = subprocess.run([sys.executable, "-m", "hf_mgk", *args], capture_output=True, text=True)
-        return proc.returncode, proc.stdout.strip(), proc.stderr
+    from hf_mgk.__main__ import main
 
-    assert run("bert")[:2] == (0, bundled.bert_checkpoint_dir())
+    proc = subprocess.run([sys.executable, "-m", "hf_mgk", "bert"], capture_output=True, text=True)
+    assert (proc.returncode, proc.stdout.strip()) == (0, bundled.bert_checkpoint_dir())
+
+    def run(*args):
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exit_info:
+            code = exit_info.code
+        captured = capsys.readouterr()
+        return code, captured.out.strip(), captured.err
+
     code, out, _ = run("shakespeare", str(tmp_path / "plays.txt"), "2")
     first_two = "".join(open(p, encoding="utf-8", errors="replace").read() + "\n"
                         for p in bundled.shakespeare_files()[:2])

@@ -2,7 +2,8 @@
 
 Every family is saved with this package (each attention type with its language-model head, the other Auto classes
 with the default type, a tokenizer per family), then loaded with `trust_remote_code=True` in virtualenvs without
-hf_mgk and with another transformers release (built once under .compat/ by `hub.clean_python`, from PyPI). There
+hf_mgk and with another transformers release (built once under .compat/ by `hub.clean_python`, from PyPI; the
+release this environment has is taken from it, in `hub.clean_python()`'s virtualenv). There
 the config must hold the saved fields, refuse a bad value and survive a save/load round trip; a fresh model must
 initialise what is deterministic the same; the loaded weights must be the saved ones bit for bit, every output
 equal to float32 round-off (logits, hidden states, attention weights, the tuple form), the greedy generations of
@@ -15,6 +16,7 @@ import os
 
 import pytest
 import torch
+import transformers
 from transformers import AutoTokenizer
 
 import hf_mgk
@@ -247,6 +249,15 @@ def test_each_entry_file_imports_every_sibling_it_needs_itself(name):
     assert needed - set(get_relative_imports(path)) == set()
 
 
+def _release_python(version):
+    """The virtualenv without hf_mgk for `version`: the release installed from PyPI under .compat/ (built once), or,
+    for the release this environment has, `clean_python()`'s virtualenv of this environment's own transformers (the
+    same files; the one the publish and quickstart tests use), which needs no install."""
+    if version == transformers.__version__:
+        return hub.clean_python()
+    return hub.clean_python(version, root=os.path.join(ROOT, ".compat"))
+
+
 @pytest.mark.slow
 @pytest.mark.network  # the virtualenvs install the other transformers releases from PyPI (once)
 @pytest.mark.parametrize("version", VERSIONS)
@@ -254,7 +265,7 @@ def test_saved_folders_load_with_identical_outputs(saved, version, tmp_path):
     cases, expected = saved
     cases = [dict(c, output=str(tmp_path / f"{c['name']}.out.pt")) for c in cases]
     (tmp_path / "cases.json").write_text(json.dumps(cases))
-    python = hub.clean_python(version, root=os.path.join(ROOT, ".compat"))
+    python = _release_python(version)
     code = "import torch\n" + inspect.getsource(_run) + inspect.getsource(_check) + _CHILD
     report = hub.run_without_package(code, cwd=str(tmp_path), python=python)
     assert report["transformers"] == version

@@ -36,18 +36,27 @@ def test_trainer_loss_is_the_mean_over_the_predicted_tokens(task, tmp_path):
     assert loss == pytest.approx(expected, rel=1e-6)
 
 
+TWO_PROCESS_TASKS = ["mlm", "clm"]
+
+
+@pytest.fixture(scope="module")
+def two_process_runs(tmp_path_factory):
+    """torchrun with gloo on CPU, 2 processes x batch 1 x accumulation 2, each task's run in turn in the same
+    processes (one launch, not one per task): {task: {"loss", "params"}}."""
+    out = tmp_path_factory.mktemp("ddp") / "result.pt"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.path.join(HERE, "..", "src")}
+    proc = run_torchrun([os.path.join(HERE, "trainer_check.py"), "--task", *TWO_PROCESS_TASKS, "--batch", "1",
+                         "--accumulation", "2", "--out", str(out)], env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return torch.load(out)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("task", ["mlm", "clm"])
-def test_two_processes_match_one(task, tmp_path):
+@pytest.mark.parametrize("task", TWO_PROCESS_TASKS)
+def test_two_processes_match_one(task, two_process_runs, tmp_path):
     """torchrun with gloo on CPU: 2 processes x batch 1 x accumulation 2 == 1 process x batch 4."""
     loss_full, params_full = train_once(task, per_device_batch=4, accumulation=1, output_dir=str(tmp_path / "a"))
-    out = tmp_path / "ddp" / "result.pt"
-    out.parent.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.path.join(HERE, "..", "src")}
-    proc = run_torchrun([os.path.join(HERE, "trainer_check.py"), "--task", task, "--batch", "1", "--accumulation", "2",
-                         "--out", str(out)], env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    ddp = torch.load(out)
+    ddp = two_process_runs[task]
     assert ddp["loss"] == pytest.approx(loss_full, rel=1e-5)
     assert_close(ddp["params"], params_full, rtol=1e-5)
 

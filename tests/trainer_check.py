@@ -1,4 +1,5 @@
-"""One Trainer optimiser step of tiny MGK models on a fixed batch; run in-process or under torchrun.
+"""One Trainer optimiser step of tiny MGK models on a fixed batch; run in-process or under torchrun (one run
+per --task, in the same processes).
 
 The examples have very different numbers of loss tokens, so a loss that ignores `num_items_in_batch` (the
 transformers 5.23 pitfall) gives a different step under gradient accumulation or several processes."""
@@ -73,14 +74,18 @@ def train_once(task, per_device_batch, accumulation, output_dir):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--task", default="mlm", choices=["mlm", "cls", "clm", "clm-mgk"])
+    parser.add_argument("--task", nargs="+", default=["mlm"], choices=["mlm", "cls", "clm", "clm-mgk"],
+                        help="one run per task, in this order, in the same processes")
     parser.add_argument("--batch", type=int, required=True)
     parser.add_argument("--accumulation", type=int, required=True)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", required=True, help="{task: {'loss': ..., 'params': ...}} (torch.save)")
     a = parser.parse_args()
-    loss, flat = train_once(a.task, a.batch, a.accumulation, os.path.dirname(a.out))
+    results = {}
+    for task in a.task:
+        loss, flat = train_once(task, a.batch, a.accumulation, os.path.join(os.path.dirname(a.out), task))
+        results[task] = {"loss": loss, "params": flat}
     if int(os.environ.get("RANK", "0")) == 0:
-        torch.save({"loss": loss, "params": flat}, a.out)
+        torch.save(results, a.out)
     if torch.distributed.is_initialized():
         # Tear gloo down before exit: left to the interpreter's shutdown, its threads sometimes abort the
         # process ("terminate called without an active exception", exit -6) after the work is done.
