@@ -29,14 +29,12 @@ CASES = {  # folder -> (class, config)
 
 
 def main():
-    if os.path.exists(OUT):
-        sys.exit(f"{OUT} exists; it records the old code's outputs and is not rewritten")
-    os.makedirs(OUT)
-    torch.manual_seed(0)
-    ids = torch.randint(3, 99, (2, 12))
-    mask = torch.ones(2, 12, dtype=torch.long)
-    mask[1, 8:] = 0
-    torch.save({"input_ids": ids, "attention_mask": mask}, os.path.join(OUT, "inputs.pt"))
+    os.makedirs(OUT)  # FileExistsError if it exists: it records the old code's outputs and is not rewritten
+    generator = torch.Generator().manual_seed(0)
+    inputs = {"input_ids": torch.randint(3, 99, (2, 12), generator=generator),
+              "attention_mask": torch.tensor([[1] * 12, [1] * 8 + [0] * 4])}  # the second row padded from 8 on
+    torch.save(inputs, os.path.join(OUT, "inputs.pt"))
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
     for i, (name, (cls, config)) in enumerate(CASES.items()):
         torch.manual_seed(1 + i)
         model = cls(config).eval()
