@@ -111,11 +111,11 @@ def _refusals(*, e_step, return_weights, device_type, dtype, autocast, tracing, 
     return {"dense": None, "sdpa": sdpa, "blocked": blocked, "triton": triton_}
 
 
-def _backend(backend, query, attention_mask, e_step, return_weights, value=None, variances=None):
+def _backend(backend, query, value, variances, attention_mask, e_step, return_weights):
     facts = dict(e_step=e_step, return_weights=return_weights, device_type=query.device.type, dtype=query.dtype,
                  autocast=autocast_enabled(query.device.type), tracing=is_tracing(),
                  mask=mask_kind(attention_mask), triton=triton_available(),
-                 head_size=max(query.shape[-1], query.shape[-1] if value is None else value.shape[-1]),
+                 head_size=max(query.shape[-1], value.shape[-1]),
                  variance_grad=isinstance(variances, torch.Tensor) and variances.requires_grad)
     return resolve_backend(backend, choose_backend(**facts), _refusals(**facts))
 
@@ -230,7 +230,7 @@ def mgk_attention(query, keys, value, *, variances, log_prior=None, e_step="soft
     _check_e_step(e_step)
     _check_shapes(query, keys, value)
     var = _as_variances(variances, query, keys.shape[2])
-    backend = _backend(backend, query, attention_mask, e_step, return_weights, value, variances)
+    backend = _backend(backend, query, value, variances, attention_mask, e_step, return_weights)
     if backend == "triton":
         return mgk_triton(query, keys, None, value, variances, log_prior, e_step, attention_mask, is_causal,
                           dropout_p)
@@ -258,7 +258,7 @@ def smgk_attention(query, key, key_shift, value, *, variances, log_prior=None, e
     _check_e_step(e_step)
     _check_shapes(query, key[:, :, None].expand(-1, -1, key_shift.shape[1], -1, -1), value)  # shapes only (a view)
     var = _as_variances(variances, query, key_shift.shape[1])
-    backend = _backend(backend, query, attention_mask, e_step, return_weights, value, variances)
+    backend = _backend(backend, query, value, variances, attention_mask, e_step, return_weights)
     if backend == "triton":
         return mgk_triton(query, key, key_shift, value, variances, log_prior, e_step, attention_mask, is_causal,
                           dropout_p)

@@ -405,12 +405,10 @@ def mgk_triton(query, keys, key_shift, value, variances, log_prior, e_step, atte
                dropout_p=0.0):
     """MGK (key_shift None, keys (B, H, M, S, D)) or sMGK (keys = the one key (B, H, S, D), key_shift (H, M, D))
     with the Triton kernels. variances: the M sigma_r^2, numbers (a list: no device sync) or a tensor that needs no
-    gradient (sigma is fixed); log_prior (H, M) or None (uniform).
+    gradient (sigma is fixed: attention_mgk's backend rule refuses one that does); log_prior (H, M) or None
+    (uniform).
     float32 / bfloat16 / float16 inputs (k, v in the query's dtype), float32 accumulation; output in the query's
     dtype."""
-    if isinstance(variances, torch.Tensor) and variances.requires_grad:
-        raise ValueError("backend 'triton' cannot run this call: variances that need a gradient (sigma is fixed in "
-                         "the Triton kernels)")
     hard = e_step == "hard"
     shared = key_shift is not None
     b, h, n, d = query.shape
