@@ -20,13 +20,14 @@ pytest.importorskip("triton")
 from conftest import assert_close  # noqa: E402
 from hf_mgk import attention_mgk as am  # noqa: E402
 from hf_mgk import attention_mgk_triton as amt  # noqa: E402
+from hf_mgk import attention_triton as at  # noqa: E402
 from hf_mgk.attention_mgk import choose_backend, mgk_attention, smgk_attention  # noqa: E402
 from hf_mgk.reference import mgk_attention_reference, smgk_attention_reference  # noqa: E402
 
 CUDA = os.environ.get("HF_MGK_TEST_CUDA", "0") not in ("", "0") and torch.cuda.is_available()
 DEVICES = [
     pytest.param("cpu", id="interpreter", marks=pytest.mark.skipif(
-        not amt.interpreting(), reason="TRITON_INTERPRET is not set (HF_MGK_TEST_CUDA=1)")),
+        not at.interpreting(), reason="TRITON_INTERPRET is not set (HF_MGK_TEST_CUDA=1)")),
     pytest.param("cuda", id="cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
         not CUDA, reason="no CUDA GPU (or HF_MGK_TEST_CUDA unset)")]),
 ]
@@ -219,7 +220,7 @@ def test_dropout_drops_the_mixture_weights(device, shared, e_step):
     assert torch.equal(again, out) and not torch.equal(other, out)
 
 
-@pytest.mark.skipif(not amt.interpreting(), reason="CPU tensors need the interpreter (HF_MGK_TEST_CUDA=1)")
+@pytest.mark.skipif(not at.interpreting(), reason="CPU tensors need the interpreter (HF_MGK_TEST_CUDA=1)")
 def test_triton_refusals(monkeypatch):
     """Asked for where the kernels cannot run, backend="triton" is a ValueError that says why."""
     leaves, lp, mask = _inputs(5, 5, 2, 16, 16, False, "learned", "cpu")
@@ -238,10 +239,10 @@ def test_triton_refusals(monkeypatch):
         patch.setattr(am, "is_tracing", lambda: True)
         refused("tracing or compiling")
     with monkeypatch.context() as patch:
-        patch.setattr(amt, "interpreting", lambda: False)
+        patch.setattr(at, "interpreting", lambda: False)
         refused("a CPU tensor outside Triton's interpreter")
     with monkeypatch.context() as patch:
-        patch.setattr(amt, "triton", None)
+        patch.setattr(at, "triton", None)
         refused("triton is not installed")
     # and smgk_attention the same way
     q, key, shift, v = _inputs(5, 5, 2, 16, 16, True, "learned", "cpu")[0]

@@ -36,48 +36,16 @@ TRITON_INTERPRET=1 was set before triton was imported.
 """
 
 import math
-import os
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # no Triton: `available()` is False and the torch backends run
-    triton = None
-    tl = None
+from .attention_triton import LOG2E, MAX_HEAD_SIZE, available, precision, refusal, tl, triton
+
+if triton is not None:
+    from .attention_triton import dot as _dot
+    from .attention_triton import keep as _keep
 
 __all__ = ["MAX_HEAD_SIZE", "available", "block_sizes", "mgk_triton", "refusal"]
-
-# Head sizes (of q / k and of v) up to this are padded to a power of two >= 16 inside the kernels (masked loads).
-MAX_HEAD_SIZE = 128
-LOG2E = 1.4426950408889634
-
-
-def available():
-    """Whether Triton imported."""
-    return triton is not None
-
-
-# Triton decides at import whether @triton.jit compiles or interprets: what the environment said then counts.
-_INTERPRETED = triton is not None and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def interpreting():
-    """Whether the kernels run in Triton's interpreter (CPU tensors): TRITON_INTERPRET=1 set before the import."""
-    return _INTERPRETED
-
-
-def refusal(device_type, head_size):
-    """Why the kernels, Triton being installed, cannot run on this device / head size (the larger of q / k's and
-    v's; None: they can)."""
-    if device_type == "cpu" and not interpreting():
-        return "a CPU tensor outside Triton's interpreter (set TRITON_INTERPRET=1 before triton is imported)"
-    if device_type not in ("cuda", "cpu"):
-        return f"a {device_type} tensor (Triton runs on CUDA GPUs)"
-    if head_size > MAX_HEAD_SIZE:
-        return f"head size {head_size} (the Triton kernels take up to {MAX_HEAD_SIZE})"
-    return None
 
 
 def block_sizes(device_type, head_size, value_size):
@@ -90,21 +58,6 @@ def block_sizes(device_type, head_size, value_size):
 
 
 if triton is not None:
-
-    @triton.jit
-    def _dot(a, b, PREC: tl.constexpr):
-        """a @ b with float32 accumulation. PREC "ieee" for float32 (not TF32), None for half precision, "upcast"
-        for bfloat16 in the interpreter, whose tl.dot reads bfloat16 as integers: the operands, already rounded to
-        bfloat16, as float32 (the same products)."""
-        if PREC == "upcast":
-            return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-        return tl.dot(a, b, input_precision=PREC)
-
-    @triton.jit
-    def _keep(seed, bh, offs_m, offs_n, S, P_DROP):
-        """Dropout's mask of a tile: True where a_ij is kept. One counter-based draw per (batch x head, query, key),
-        keyed by the call's seed, so the forward and both backward kernels draw the same numbers."""
-        return tl.rand(seed + bh, offs_m[:, None] * S + offs_n[None, :]) >= P_DROP
 
     @triton.jit
     def _scores(q, k_ptrs, r, s2_ptr, x_ptr, y_ptr, offs_m, offs_n, n_q, n_k, N, S, qk_shared,
@@ -393,10 +346,8 @@ class _TritonMGK(torch.autograd.Function):
 
 
 def _constants(q, d, dv, m, hard, causal, shared, block_m, block_n, dropout_p):
-    # float32 products in IEEE float32: TF32 (the GPU default) would cost float32 calls their 1e-5 agreement
-    prec = ("ieee" if q.dtype == torch.float32
-            else "upcast" if q.dtype == torch.bfloat16 and q.device.type == "cpu" else None)
-    return dict(DROPOUT=dropout_p > 0, M=m, HARD=hard, CAUSAL=causal, SHARED=shared, PREC=prec, BLOCK_M=block_m,
+    return dict(DROPOUT=dropout_p > 0, M=m, HARD=hard, CAUSAL=causal, SHARED=shared,
+                PREC=precision(q.dtype, q.device.type), BLOCK_M=block_m,
                 BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
                 BLOCK_DV=max(16, triton.next_power_of_2(dv)))
 

@@ -1,0 +1,82 @@
+"""What the Triton kernels of every family share: the guarded import, where they can run, products with float32
+accumulation, and the counter-based dropout mask.
+
+The kernels follow the flash pattern of Dao et al., "FlashAttention: Fast and Memory-Efficient Exact Attention with
+IO-Awareness" (NeurIPS 2022), Alg. 1 and 2. Random numbers (dropout masks, FiSH's noise) are counter-based draws,
+tl.rand / tl.randn (Philox) keyed by one seed per call and by the element's position, so that the backward
+kernels regenerate the forward's numbers with nothing stored and a seeded run repeats.
+
+Torch, and Triton where it is installed (this file travels next to remote-code model files: the import is guarded,
+and without Triton the other backends run). On CPU tensors the kernels run in Triton's interpreter when
+TRITON_INTERPRET=1 was set before triton was imported.
+"""
+
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # no Triton: `available()` is False and the torch backends run
+    triton = None
+    tl = None
+
+__all__ = ["LOG2E", "MAX_HEAD_SIZE", "available", "interpreting", "precision", "refusal"]
+
+# Head sizes (of q / k and of v) up to this are padded to a power of two >= 16 inside the kernels (masked loads).
+MAX_HEAD_SIZE = 128
+LOG2E = 1.4426950408889634
+
+
+def available():
+    """Whether Triton imported."""
+    return triton is not None
+
+
+# Triton decides at import whether @triton.jit compiles or interprets: what the environment said then counts.
+_INTERPRETED = triton is not None and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def interpreting():
+    """Whether the kernels run in Triton's interpreter (CPU tensors): TRITON_INTERPRET=1 set before the import."""
+    return _INTERPRETED
+
+
+def refusal(device_type, head_size):
+    """Why the kernels, Triton being installed, cannot run on this device / head size (the larger of q / k's and
+    v's; None: they can)."""
+    if device_type == "cpu" and not interpreting():
+        return "a CPU tensor outside Triton's interpreter (set TRITON_INTERPRET=1 before triton is imported)"
+    if device_type not in ("cuda", "cpu"):
+        return f"a {device_type} tensor (Triton runs on CUDA GPUs)"
+    if head_size > MAX_HEAD_SIZE:
+        return f"head size {head_size} (the Triton kernels take up to {MAX_HEAD_SIZE})"
+    return None
+
+
+def precision(dtype, device_type):
+    """The kernels' PREC constant: float32 products in IEEE float32 (TF32, the GPU default, would cost float32 calls
+    their 1e-5 agreement), half precision as it is, and bfloat16 in the interpreter "upcast" (see `dot`)."""
+    if dtype == torch.float32:
+        return "ieee"
+    return "upcast" if dtype == torch.bfloat16 and device_type == "cpu" else None
+
+
+if triton is not None:
+
+    @triton.jit
+    def dot(a, b, PREC: tl.constexpr):
+        """a @ b (2-D, or batched 3-D) with float32 accumulation. PREC "ieee" for float32 (not TF32), None for half
+        precision, "upcast" for bfloat16 in the interpreter, whose tl.dot reads bfloat16 as integers: the operands,
+        already rounded to bfloat16, as float32 (the same products)."""
+        if PREC == "upcast":
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        return tl.dot(a, b, input_precision=PREC)
+
+    @triton.jit
+    def keep(seed, bh, offs_m, offs_n, S, P_DROP):
+        """Dropout's mask of a tile: True where the weight of (query offs_m, key offs_n) is kept. One counter-based
+        draw per (batch x head, query, key), keyed by the call's seed, so the forward and the backward kernels draw
+        the same numbers."""
+        return tl.rand(seed + bh, offs_m[:, None] * S + offs_n[None, :]) >= P_DROP
