@@ -116,8 +116,8 @@ def test_fast_path_matches_reference(variant, pad, causal, N, S, path):
 
 
 @pytest.mark.parametrize("variant,backend", [  # fused: an (M, H) p without noise; recomputed: not MiSH without noise
-    (v, b) for v in VARIANTS for b in BACKENDS
-    if (b != "fused" or v == "hard_fish") and (v, b) != ("mish", "recomputed")])
+    (v, b) for v in VARIANTS for b in BACKENDS  # triton (its own noise): tests/test_attention_fish_triton.py
+    if (b != "fused" or v == "hard_fish") and (v, b) != ("mish", "recomputed") and b != "triton"])
 @pytest.mark.parametrize("N,S", [(6, 6), (3, 7)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_every_backend_matches_reference(variant, backend, N, S, causal):

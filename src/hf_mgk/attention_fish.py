@@ -14,13 +14,17 @@ Admixture of Shared Heads", whose section and equation numbers are used here:
 * out_j = softmax(A_j + mask) V_j for the H local value heads; masks act on the mixed scores (a
   causal mask is applied after mixing).
 
-Three exact backends compute it (`choose_backend` picks one for backend="auto"):
+Four exact backends compute it (`choose_backend` picks one for backend="auto"):
   fused       linear mixing without noise as one SDPA call over H heads of query size M*D (_fused_attention);
   recomputed  blocks of query rows with a hand-written backward (_recomputed_attention, attention_fish_recomputed.py),
               which keeps the blocks' scores and weights for backward up to a byte budget and recomputes them
               above (O(N) memory);
   blocked     the formula on blocks of query rows through autograd (_blocked_attention); with return_weights in
-              one piece, the output computed from the returned weights.
+              one piece, the output computed from the returned weights;
+  triton      fused Triton kernels in the flash pattern, forward and backward (attention_fish_triton.py): CUDA tensors,
+              or CPU tensors in Triton's interpreter (TRITON_INTERPRET=1 set before triton is imported). Its noise
+              is drawn inside the kernels (counter-based, from one seed drawn from `generator`): the same
+              distribution as the other backends', other numbers.
 A fourth, "compiled" (torch.compile / inductor), was measured slower than these everywhere and removed; asking for
 it is a ValueError that says so.
 The plain reference the tests hold these to is in `hf_mgk.reference` (not part of this file).
@@ -35,11 +39,14 @@ from torch import nn
 
 from .attention_blocks import autocast_enabled, resolve_backend, row_blocks
 from .attention_fish_recomputed import RecomputedFiSH, mix
+from .attention_fish_triton import MAX_COUNTER, MAX_GLOBAL_HEADS, counters, fish_triton
 from .attention_masks import allowed_pairs, is_tracing, mask_kind, masked_scores
+from .attention_triton import available as triton_available
+from .attention_triton import refusal as triton_refusal
 
 __all__ = ["BACKENDS", "choose_backend", "fish_attention", "make_gfish_mixing"]
 
-BACKENDS = ("fused", "recomputed", "blocked")
+BACKENDS = ("fused", "recomputed", "blocked", "triton")
 # Query rows per block of the blocked and recomputed paths; bounds the memory without autograd to B*H*rows*S
 # scores (hf-mgk's docs/benchmarks/kernel-notes.md#fish-block-rows).
 BLOCK_ROWS = 128
@@ -47,21 +54,30 @@ BLOCK_ROWS = 128
 # per call (see _recomputed_attention).
 KEEP_BYTES = 2**28
 
-def choose_backend(*, mixing, noise, dropout, return_weights, device_type, dtype, autocast, requires_grad, tracing):
+def choose_backend(*, mixing, noise, dropout, return_weights, device_type, dtype, autocast, requires_grad, tracing,
+                   mask=None, triton=False, head_size=64, num_global=2, counter=0):
     """The backend `fish_attention` runs with backend="auto", from plain facts about the call: mixing "heads" (an
     (M, H) tensor, H > 1), "shared" (an (M, 1) tensor: MiSH), "gfish" (the network of make_gfish_mixing) or
     "module" (any other network); noise, dropout: whether they are on; autocast: on for the query's device;
     requires_grad: autograd records the call; tracing: traced or compiled (the plain differentiable formulas run
     there, not the hand-written backward, whose in-place block writes the TorchScript-based ONNX exporter
-    mistranslates).
+    mistranslates); mask: None, "padding" or "pairs" (a whole 4-D mask); triton: whether Triton is installed;
+    head_size: the larger of q / k's and v's; num_global: M; counter: the largest counter of the call's random
+    draws (attention_fish_triton.counters).
 
-    Every backend is exact; the rule is about speed and memory (hf-mgk's docs/benchmarks/kernel-notes.md#fish-path-rule):
+    Every backend is exact; the rule is about speed and memory
+    (hf-mgk's docs/benchmarks/kernel-notes.md#fish-path-rule):
+    * on a CUDA GPU with Triton, the calls the kernels cover (`_triton_refusal`): triton;
     * no dropout or weights, an (M, H) tensor without noise, no autograd or on an accelerator: fused (flash
       kernels, O(N) memory);
     * with autograd, float32/64 outside autocast: an (M, H) tensor, MiSH with noise, and on the CPU the GFiSH
       network: recomputed;
     * everything else (MiSH without noise, whose H heads share one softmax computed once; other networks; dropout;
       weights; autocast): blocked."""
+    if device_type == "cuda" and _triton_refusal(
+            mixing=mixing, return_weights=return_weights, device_type=device_type, dtype=dtype, tracing=tracing,
+            mask=mask, triton=triton, head_size=head_size, num_global=num_global, counter=counter) is None:
+        return "triton"
     linear = mixing in ("heads", "shared") and not dropout and not return_weights
     training = requires_grad and not tracing
     if linear and mixing == "heads" and not noise and (device_type != "cpu" or not training):
@@ -73,7 +89,25 @@ def choose_backend(*, mixing, noise, dropout, return_weights, device_type, dtype
     return "blocked"
 
 
-def _refusals(*, mixing, noise, dropout, return_weights, dtype, autocast, tracing, mask=None, **_):
+def _triton_refusal(*, mixing, return_weights, device_type, dtype, tracing, mask, triton, head_size, num_global,
+                    counter, **_):
+    """Why the Triton kernels cannot run a call (None: they can)."""
+    if not triton:
+        return "triton is not installed"
+    return ("return_weights (only 'blocked' forms the weights)" if return_weights
+            else "a mixing network other than make_gfish_mixing's" if mixing == "module"
+            else "a whole 4-D mask" if mask == "pairs"
+            else "tracing or compiling (an outer trace cannot see into the kernels)" if tracing
+            else f"{dtype} (the kernels take float32, bfloat16 and float16)"
+            if dtype not in (torch.float32, torch.bfloat16, torch.float16)
+            else f"{num_global} global heads (the kernels take up to {MAX_GLOBAL_HEADS})"
+            if num_global > MAX_GLOBAL_HEADS
+            else f"sequences this long (the kernels' random draws count N x S positions, x M for a network's "
+                 f"noise, in 32 bits: {counter} >= 2^31)" if counter >= MAX_COUNTER
+            else triton_refusal(device_type, head_size))
+
+
+def _refusals(*, mixing, noise, dropout, return_weights, dtype, autocast, tracing, mask=None, **facts):
     """Why each backend cannot run a call (None: it can); mask: None, "padding" or "pairs" (a whole 4-D mask)."""
     either = ("return_weights (only 'blocked' forms the weights)" if return_weights
               else "dropout" if dropout else None)
@@ -84,7 +118,9 @@ def _refusals(*, mixing, noise, dropout, return_weights, dtype, autocast, tracin
         else "MiSH without noise (its H heads share one softmax)" if mixing == "shared" and not noise
         else "half precision" if dtype not in (torch.float32, torch.float64)
         else "autocast" if autocast else "tracing or compiling" if tracing else None)
-    return {"fused": fused, "recomputed": recomputed, "blocked": None}
+    triton = _triton_refusal(mixing=mixing, return_weights=return_weights, dtype=dtype, tracing=tracing, mask=mask,
+                             **facts)
+    return {"fused": fused, "recomputed": recomputed, "blocked": None, "triton": triton}
 
 
 def _mixing_kind(mixing):
@@ -125,7 +161,7 @@ def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, att
         dropout_p: attention dropout on the probabilities (training only; the caller passes 0 in eval).
         generator: torch.Generator for the FiSH noise, so runs can be reproduced. The noise is drawn per block of
             `block_rows` query rows (`_draw_noise`), whatever the backend.
-        backend: "auto" (`choose_backend`) or one of BACKENDS ("fused", "recomputed", "blocked"; module
+        backend: "auto" (`choose_backend`) or one of BACKENDS ("fused", "recomputed", "blocked", "triton"; module
             docstring); a ValueError names one that cannot run the call (or a removed one, "compiled").
         block_rows: query rows per block (blocked and recomputed paths, and the noise's blocks).
         keep_bytes: the recomputed path keeps its blocks' scores and weights for backward up to this many bytes,
@@ -135,13 +171,19 @@ def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, att
         out (B, H, N, Dv), and with ``return_weights`` also the weights (B, H, N, S).
         Query rows that see no key at all (all keys padded) get zero weights and a zero output.
     """
-    _, _, _, D, S, H, _ = _check_shapes(query, key, value, mixing, noise_std, attention_mask)
+    _, M, N, D, S, H, Dv = _check_shapes(query, key, value, mixing, noise_std, attention_mask)
     scale = D ** -0.5 if scale is None else float(scale)
-    facts = dict(mixing=_mixing_kind(mixing), noise=noise_std is not None, dropout=dropout_p != 0.0,
+    kind = _mixing_kind(mixing)
+    facts = dict(mixing=kind, noise=noise_std is not None, dropout=dropout_p != 0.0,
                  return_weights=return_weights, device_type=query.device.type, dtype=query.dtype,
                  autocast=autocast_enabled(query.device.type),
-                 requires_grad=_requires_grad(query, key, value, mixing, noise_std), tracing=is_tracing())
-    backend = resolve_backend(backend, choose_backend(**facts), _refusals(**facts, mask=mask_kind(attention_mask)))
+                 requires_grad=_requires_grad(query, key, value, mixing, noise_std), tracing=is_tracing(),
+                 mask=mask_kind(attention_mask), triton=triton_available(), head_size=max(D, Dv), num_global=M,
+                 counter=counters(M, N, S, kind == "gfish", noise_std is not None))
+    backend = resolve_backend(backend, choose_backend(**facts), _refusals(**facts))
+    if backend == "triton":
+        return fish_triton(query, key, value, mixing, scale, noise_std, attention_mask, is_causal, dropout_p,
+                           generator)
     if backend == "fused":
         return _fused_attention(query, key, value, mixing, scale, attention_mask, is_causal)
     eps = _draw_noise(query, mixing, noise_std, H, S, is_causal, generator, block_rows)
