@@ -5,6 +5,7 @@ The command; its code, options and examples are in `hf_mgk.scripts.run_glue` (sr
 other code imports. `python scripts/run_glue.py --help` lists the options."""
 
 from hf_mgk.scripts.run_glue import main
+from hf_mgk.training import run_script
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -125,13 +125,22 @@ def free_port():
 
 def run_torchrun(script_and_args, env, nproc=2, timeout=300):
     """`python -m torch.distributed.run --nproc_per_node nproc <script_and_args>`, bounded: a rank that never exits
-    (seen once: one rank left waiting on a futex with gloo's threads alive after training had finished) fails the
-    test after `timeout` seconds with the Python stacks of every process still alive, not a hang of the suite.
-    Each process runs with PYTHONFAULTHANDLER=1; on time-out the whole process group gets SIGABRT, on which
-    faulthandler prints every thread's stack to stderr. Returns the CompletedProcess otherwise."""
+    (seen twice: one rank left waiting on a futex in the interpreter's teardown after its work was saved, which
+    training.run_script now skips under a launcher) fails the test after `timeout` seconds with the Python stacks
+    of every process still alive, not a hang of the suite. Each process runs with PYTHONFAULTHANDLER=1; on time-out
+    the command and every process below it get SIGABRT, on which faulthandler prints every thread's stack to stderr.
+    Returns the CompletedProcess otherwise."""
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
                str(free_port()), *map(str, script_and_args)]
     return run_bounded(command, env, timeout)
+
+
+def _signal_all(pids, sig):
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:  # already gone
+            pass
 
 
 def run_bounded(command, env, timeout):
@@ -140,11 +149,16 @@ def run_bounded(command, env, timeout):
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGABRT)
+        # every process below the command, found before any dies: torchrun starts its ranks in sessions of their
+        # own, which the group signal misses, and an orphaned rank would hold the output pipes open for ever
+        import psutil
+
+        family = [proc.pid] + [child.pid for child in psutil.Process(proc.pid).children(recursive=True)]
+        _signal_all(family, signal.SIGABRT)
         try:
             out, err = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            _signal_all(family, signal.SIGKILL)
             out, err = proc.communicate()
         pytest.fail(f"{' '.join(command[:6])} ... did not finish in {timeout}s; the stacks of its processes "
                     f"(faulthandler, on SIGABRT):\n{err[-12000:]}")

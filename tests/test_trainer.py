@@ -71,5 +71,32 @@ def test_a_hung_process_fails_the_test_with_its_stack():
     code = "def waiting_for_a_peer():\n    import time\n    time.sleep(600)\nwaiting_for_a_peer()\n"
     with pytest.raises(pytest.fail.Exception, match=r"(?s)did not finish in 3s.*waiting_for_a_peer"):
         run_bounded([sys.executable, "-c", code], dict(os.environ), timeout=3)
+    # torchrun's ranks run in sessions of their own: one that hangs is stopped too (and its stack shown), and
+    # does not keep the output pipes, and with them the suite, waiting
+    rank = "import time\ndef a_rank_in_its_own_session():\n    time.sleep(600)\na_rank_in_its_own_session()\n"
+    launcher = (f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {rank!r}], "
+                "start_new_session=True)\ntime.sleep(600)\n")
+    with pytest.raises(pytest.fail.Exception, match=r"(?s)did not finish in 3s.*a_rank_in_its_own_session"):
+        run_bounded([sys.executable, "-c", launcher], dict(os.environ), timeout=3)
     done = run_bounded([sys.executable, "-c", "print('done')"], dict(os.environ), timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "done"
+
+
+@pytest.mark.slow  # three interpreters that import transformers
+def test_a_rank_under_a_launcher_leaves_without_the_interpreters_teardown():
+    """training.run_script: under torchrun (WORLD_SIZE > 1) the rank exits 0 once main() returned, its output
+    flushed, and skips the teardown where torch's threads can deadlock; alone it exits as usual; an error in main
+    still fails the process with its traceback."""
+    import subprocess
+    import sys
+
+    code = ("import atexit\nfrom hf_mgk.training import run_script\natexit.register(lambda: print('teardown'))\n"
+            "def main():\n    print('work', end='')\n    {}\nrun_script(main)\n")
+    run = lambda body, **env: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", code.format(body)], env={**os.environ, **env}, capture_output=True, text=True,
+        timeout=120)
+    ranked, alone = run("pass", WORLD_SIZE="2"), run("pass")
+    assert (ranked.returncode, ranked.stdout) == (0, "work")
+    assert (alone.returncode, alone.stdout) == (0, "workteardown\n")
+    failed = run("raise RuntimeError('broken')", WORLD_SIZE="2")
+    assert failed.returncode == 1 and "RuntimeError: broken" in failed.stderr

@@ -145,4 +145,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    training.run_script(main)

@@ -466,4 +466,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    training.run_script(main)

@@ -210,5 +210,22 @@ def close_distributed():
         torch.distributed.destroy_process_group()
 
 
+def run_script(main):
+    """A training script's command: main(), then, under a launcher (torchrun, accelerate), the rank leaves without the
+    interpreter's teardown once its work is done and written (process group destroyed, logs and output flushed). In
+    that teardown torch's worker threads can deadlock on the interpreter's lock (pytorch/pytorch#190489; seen here:
+    a rank that saved its model and never exited, and torchrun waiting on it for ever). An exception still ends
+    the process as usual, with its traceback and a non-zero status."""
+    import sys
+
+    main()
+    if "TORCHELASTIC_RUN_ID" in os.environ or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
 __all__ = ["RUN_FILE", "RESULTS_FILES", "incomplete_checkpoint", "run_identity", "prepare_output_dir", "read_run_identity",
-           "write_run_info", "save_metrics", "recorded_results", "train_and_save", "evaluate_and_save", "close_distributed"]
+           "write_run_info", "save_metrics", "recorded_results", "train_and_save", "evaluate_and_save", "close_distributed",
+           "run_script"]
