@@ -22,7 +22,9 @@ from .attention_fish import fish_attention, make_gfish_mixing
 # names every sibling its siblings import, too.
 from .attention_blocks import row_blocks  # noqa: F401
 from .attention_fish_recomputed import mix  # noqa: F401
+from .attention_fish_triton import fish_triton  # noqa: F401
 from .attention_masks import allowed_pairs  # noqa: F401
+from .attention_triton import available  # noqa: F401
 from .config_checks import check_int_range  # noqa: F401
 from .configuration_fish_gpt2 import FiSHGPT2Config
 from .modeling_common import (

@@ -22,6 +22,7 @@ from transformers.models.bert.modeling_bert import (
 from .attention_blocks import row_blocks  # noqa: F401
 from .attention_mgk_blocked import mgk_blocked  # noqa: F401
 from .attention_mgk_triton import mgk_triton  # noqa: F401
+from .attention_triton import available  # noqa: F401
 from .attention_masks import allowed_pairs  # noqa: F401
 from .attention_mgk import mgk_attention  # noqa: F401
 from .config_checks import check_int_range  # noqa: F401
