@@ -184,11 +184,15 @@ def test_main_job_refuses_a_used_folder_and_a_family_without_checkpoint(tmp_path
 def test_main_job_gpt2_families_from_a_stock_gpt2(family, attention, heads, tmp_path):
     """FiSH-GPT2 keeps the 4 heads (sharing M global query/key heads), MGK-GPT2 half of them (2 heads of the
     checkpoint's size 8); each baseline is the same family with softmax attention and every head."""
+    from conftest import write_play_split
     from test_run_lm import save_tiny_stock_gpt2
 
     stock = save_tiny_stock_gpt2(tmp_path / "gpt2")
+    # a few hundred lines of one play to adapt on (what these checks need; the main job's test above runs the
+    # default three plays): tokenizing the plays took most of each arm's adaptation stage
+    play = write_play_split(tmp_path, (0, 600), (600, 900))
     summary = quickstart.main(["--family", family, "--model_name_or_path", stock, "--output_dir",
-                               str(tmp_path / "run")] + TINY)
+                               str(tmp_path / "run"), "--adapt_files", play["train"], play["validation"]] + TINY)
     config = json.load(open(os.path.join(summary[attention]["folder"], "config.json")))
     assert (config["model_type"], config["attention_type"], config["n_head"]) == (family, attention, heads)
     baseline = json.load(open(os.path.join(summary["softmax"]["folder"], "config.json")))

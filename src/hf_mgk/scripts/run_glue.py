@@ -406,7 +406,10 @@ def tokenize(splits, lookups, keys, label_list, tokenizer, model, data_args, tra
             processed[split] = dataset.map(
                 preprocess, batched=True, fn_kwargs={"lookup": lookups.get(split)},
                 remove_columns=dataset.column_names, num_proc=data_args.preprocessing_num_workers,
-                load_from_cache_file=not data_args.overwrite_cache, desc=f"Tokenizing {split}")
+                load_from_cache_file=not data_args.overwrite_cache, desc=f"Tokenizing {split}",
+                new_fingerprint=training.map_fingerprint(
+                    dataset, tokenizer, "run_glue", keys, padding, max_seq_length, sorted(label2id.items()),
+                    label_list, sorted((lookups.get(split) or {}).items())))
     return processed
 
 

@@ -135,7 +135,8 @@ def prepare_datasets(raw, tokenizer, max_seq_length, data_args, training_args):
         return tokenizer(batch[column], padding=padding, truncation=True, max_length=max_seq_length,
                          return_special_tokens_mask=True)
 
-    return training.map_splits(raw, tokenize, data_args, training_args, "tokenizing line by line")
+    return training.map_splits(raw, tokenize, data_args, training_args, "tokenizing line by line", tokenizer=tokenizer,
+                               options=("line_by_line", column, padding, max_seq_length))
 
 
 def require_masked_tokens(collator, dataset, where, batch_size=64):

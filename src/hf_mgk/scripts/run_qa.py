@@ -138,7 +138,10 @@ def main(argv=None):
         with training_args.main_process_first(desc=desc):
             return examples[split].map(fn, batched=True, remove_columns=examples[split].column_names, desc=desc,
                                        num_proc=data_args.preprocessing_num_workers,
-                                       load_from_cache_file=not data_args.overwrite_cache)
+                                       load_from_cache_file=not data_args.overwrite_cache,
+                                       new_fingerprint=training.map_fingerprint(
+                                           examples[split], tokenizer, "run_qa", fn.__name__, max_seq_length,
+                                           data_args.doc_stride, data_args.pad_to_max_length))
 
     train_dataset = eval_dataset = predict_dataset = None
     if training_args.do_train:
