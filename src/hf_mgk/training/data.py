@@ -266,7 +266,6 @@ def perplexity(loss):
 
 
 __all__ = ["load_raw_datasets", "hub_dataset", "require_columns", "describe_split", "take", "dataset_label",
-           "group_texts",
-           "needed_splits", "require_text", "text_column", "map_splits", "map_fingerprint", "tokenize_into_blocks",
-           "tokenize_texts",
-           "group_into_blocks", "token_stream", "predicted_ids", "token_accuracy", "perplexity"]
+           "group_texts", "needed_splits", "require_text", "text_column", "map_splits", "map_fingerprint",
+           "tokenize_into_blocks", "tokenize_texts", "group_into_blocks", "token_stream", "predicted_ids",
+           "token_accuracy", "perplexity"]
