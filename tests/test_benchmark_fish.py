@@ -138,7 +138,7 @@ def test_fish_attention_table_in_process(monkeypatch):
     threads = torch.get_num_threads()
     monkeypatch.setattr(measure, "call_child", children_in_process(calls))
     args = argparse.Namespace(heads=4, global_heads=2, batch=1, repeats=1, threads=threads, lengths=[32],
-                              fish_types=None)
+                              fish_types=None, device="cpu", dtype="fp32", interleave=False)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         attention.run_fish_attention(args, {})

@@ -81,7 +81,8 @@ def test_attention_table_in_process(monkeypatch):
     threads = torch.get_num_threads()
     monkeypatch.setattr(measure, "call_child", children_in_process(calls))
     monkeypatch.setattr("sys.argv", ["benchmark.py", "--heads", "8", "--repeats", "1", "--threads", str(threads)])
-    args = argparse.Namespace(heads=8, batch=1, repeats=1, threads=threads)
+    args = argparse.Namespace(heads=8, batch=1, repeats=1, threads=threads, device="cpu", dtype="fp32",
+                              interleave=False)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         bench.run_mgk_attention(args, {"lengths": [32]})

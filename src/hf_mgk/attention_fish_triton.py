@@ -38,7 +38,7 @@ import).
 import torch
 from torch import nn
 
-from .attention_triton import LOG2E, precision, tl, triton
+from .attention_triton import LOG2E, precision, tl, triton, tuned_blocks
 
 if triton is not None:
     from .attention_triton import dot as _dot
@@ -60,13 +60,15 @@ def counters(num_global, n, s, network, noise):
 
 
 def block_sizes(device_type, num_global, head_size, value_size):
-    """(BLOCK_M query rows, BLOCK_N keys) of a program. The hook for tuning (fixed here; a GPU tunes it): the
-    interpreter wants small tiles so that the tests' short sequences span several blocks; on a GPU the (M, rows,
-    keys) block of global scores bounds the rows."""
+    """(BLOCK_M query rows, BLOCK_N keys) of a program: the interpreter's small tiles (the tests' short sequences
+    span several blocks); on a GPU defaults where the (M, rows, keys) block of global scores bounds the rows, or
+    the tuned sizes (attention_triton.tuned_blocks)."""
     if device_type == "cpu":
-        return 16, 16
-    width = triton.next_power_of_2(num_global) * max(head_size, value_size)
-    return (64, 64) if width <= 128 else (32, 64) if width <= 256 else (16, 64)
+        default = (16, 16)
+    else:
+        width = triton.next_power_of_2(num_global) * max(head_size, value_size)
+        default = (64, 64) if width <= 128 else (32, 64) if width <= 256 else (16, 64)
+    return tuned_blocks("fish", default)
 
 
 def noise_seed(generator, device):

@@ -39,7 +39,7 @@ import math
 
 import torch
 
-from .attention_triton import LOG2E, MAX_HEAD_SIZE, available, precision, refusal, tl, triton
+from .attention_triton import LOG2E, MAX_HEAD_SIZE, available, precision, refusal, tl, triton, tuned_blocks
 
 if triton is not None:
     from .attention_triton import dot as _dot
@@ -49,12 +49,13 @@ __all__ = ["MAX_HEAD_SIZE", "available", "block_sizes", "mgk_triton", "refusal"]
 
 
 def block_sizes(device_type, head_size, value_size):
-    """(BLOCK_M query rows, BLOCK_N keys) of a program. The hook for tuning: fixed here (autotuning, e.g. with
-    triton.autotune keyed on the head sizes, is for a GPU; the interpreter wants small tiles so that the tests'
-    short sequences still span several blocks)."""
+    """(BLOCK_M query rows, BLOCK_N keys) of a program: the interpreter's small tiles (the tests' short sequences
+    still span several blocks), a GPU's defaults, or the tuned ones (attention_triton.tuned_blocks)."""
     if device_type == "cpu":
-        return 32, 32
-    return (64, 64) if max(head_size, value_size) <= 64 else (64, 32)
+        default = (32, 32)
+    else:
+        default = (64, 64) if max(head_size, value_size) <= 64 else (64, 32)
+    return tuned_blocks("mgk", default)
 
 
 if triton is not None:

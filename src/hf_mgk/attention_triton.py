@@ -22,7 +22,7 @@ except ImportError:  # no Triton: `available()` is False and the torch backends 
     triton = None
     tl = None
 
-__all__ = ["LOG2E", "MAX_HEAD_SIZE", "available", "interpreting", "precision", "refusal"]
+__all__ = ["LOG2E", "MAX_HEAD_SIZE", "available", "interpreting", "precision", "refusal", "tuned_blocks"]
 
 # Head sizes (of q / k and of v) up to this are padded to a power of two >= 16 inside the kernels (masked loads).
 MAX_HEAD_SIZE = 128
@@ -53,6 +53,18 @@ def refusal(device_type, head_size):
     if head_size > MAX_HEAD_SIZE:
         return f"head size {head_size} (the Triton kernels take up to {MAX_HEAD_SIZE})"
     return None
+
+
+def tuned_blocks(family, default):
+    """(BLOCK_M, BLOCK_N) of a family's kernels ("mgk", "fish"): `default`, or what HF_MGK_TRITON_BLOCKS says for
+    it ("mgk=64x64,fish=32x64", as hf_mgk.benchmark.tune prints it after timing the candidates on a GPU; read at
+    each call, so a process can compare candidates)."""
+    for item in os.environ.get("HF_MGK_TRITON_BLOCKS", "").split(","):
+        name, _, sizes = item.strip().partition("=")
+        if name == family and sizes:
+            rows, _, keys = sizes.partition("x")
+            return int(rows), int(keys)
+    return default
 
 
 def precision(dtype, device_type):

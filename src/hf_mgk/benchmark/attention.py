@@ -1,14 +1,19 @@
-"""The attention alone, forward + backward of one call on random inputs, against SDPA: MGK's paths with H/2 heads
-against SDPA with H heads (after the mgk family's models), and each FiSH type with H local heads mixed from M
-global ones against causal SDPA with H heads (after the fish family's). Each (path, N) is measured in its own
-child (`measure_mgk_attention`, `measure_fish_attention`); a path is a name for one call of the package's
-attention function with its arguments (MGK_PATHS, FISH_PATHS: the backend is one of them)."""
+"""The attention alone, forward + backward of one call on random inputs (in --dtype), against SDPA: MGK's paths with
+H/2 heads against SDPA with H heads (after the mgk family's models), and each FiSH type with H local heads mixed
+from M global ones against causal SDPA with H heads (after the fish family's). Each (path, N) is measured in its own
+child (`measure_mgk_attention`, `measure_fish_attention`: time, FLOPs, peak memory); with --interleave one more child
+per N times every path and SDPA together, their steps alternating (`measure_alone_interleaved`), and its times
+replace the separate ones. A path is a name for one call of the package's attention function with its arguments
+(MGK_PATHS, FISH_PATHS; the backend is one of them: "auto" the package's rule, which on a CUDA GPU with Triton takes
+the Triton kernels for the calls they cover; on a GPU also "eager", the rule without them)."""
+
+import statistics
 
 import torch
 
 from . import measure
 from .counting import flop_counter_mode
-from .models import BERT_SIZE, FISH_TYPES, GPT2_SIZE
+from .models import BERT_SIZE, FISH_TYPES, GPT2_SIZE, compute_dtype
 from .tables import format_ms
 
 
@@ -23,6 +28,61 @@ def measure_alone(step, repeats):
     result, flops = measure.timed(step, repeats, counted)
     result["flops"] = flops
     return result
+
+
+def _leaf(shape, g, requires_grad=True):
+    """A random input in --dtype (drawn in float32 first, so every dtype sees the same numbers, rounded)."""
+    return torch.randn(*shape, generator=g).to(compute_dtype()).requires_grad_(requires_grad)
+
+
+def measure_alone_interleaved(kind, paths, shape, repeats, threads):
+    """In the child (--interleave): the steps of every path ("sdpa" among them) of one table ("mgk" or "fish",
+    `shape` the step builder's arguments after the path) built in this one process, each warmed up by
+    `measure_alone` (its FLOPs; its peak memory, per path on a GPU, where the peak statistics are reset for each),
+    then `repeats` rounds of one step of each in turn. One dict per path: the median seconds, flops, peak_mib, or
+    the error of a path that cannot run here."""
+    torch.set_num_threads(threads)
+    steps, results = [], []
+    for path in paths:
+        try:
+            step = STEP_BUILDERS[kind](path, *shape)
+            results.append(measure_alone(step, 0))
+            steps.append(step)
+        except Exception as err:  # noqa: BLE001 (reported in the table, like a failed child)
+            results.append({"error": str(err).splitlines()[0][:120]})
+            steps.append(None)
+    times = [[] for _ in steps]
+    for _ in range(repeats):
+        for step, took in zip(steps, times):
+            if step is not None:
+                took.append(measure.step_seconds(step))
+    for result, took in zip(results, times):
+        if took:
+            result["seconds"] = statistics.median(took)
+    return {"rows": results}
+
+
+def alone_rows(kind, paths, shape_of, lengths, args, child, child_args):
+    """{(path, N): result} of an attention-alone table. Each (path, N) in its own child (`child` with
+    `child_args(path, N)`: time, FLOPs, the peak memory the step adds), unless --interleave: then one child per N
+    times every path and SDPA alternating (`measure_alone_interleaved`), whose times replace the separate ones; on a
+    GPU that child's per-path peaks and FLOPs are used as they are (no separate children), on the CPU, whose peak is
+    the process's, the separate children still give memory and FLOPs."""
+    every = ["sdpa", *paths]
+    rows = {}
+    if not (args.interleave and args.device == "cuda"):
+        rows = {(p, n): measure.call_child(child, child_args(p, n)) for n in lengths for p in every}
+    if args.interleave:
+        for n in lengths:
+            together = measure.call_child("measure_alone_interleaved",
+                                          [kind, every, shape_of(n), args.repeats, args.threads])
+            for path, got in zip(every, together.get("rows") or [together] * len(every)):
+                row = rows.setdefault((path, n), dict(got))
+                if "seconds" in got and "error" not in got:
+                    row["seconds"] = got["seconds"]
+                elif "error" not in row:
+                    row["error"] = f"interleaved timing: {got.get('error', 'failed')}"
+    return rows
 
 
 def print_alone_rows(lengths, paths, rows, extra=lambda path, n, r, base: []):
@@ -49,6 +109,15 @@ MGK_PATHS = {  # name -> (function, e_step, M, backend); "SDPA-aug" is the augme
     "MGK hard": ("mgk", "hard", 2, "auto"), "sMGK hard": ("smgk", "hard", 2, "auto"),
     "MGK soft, SDPA-aug": ("mgk", "soft", 2, "sdpa"),
 }
+# On a GPU "auto" takes the Triton kernels where Triton is installed: these rows show the eager path beside them.
+MGK_GPU_PATHS = {f"{name}, eager": (*MGK_PATHS[name][:3], "eager")
+                 for name in ("MGK soft", "sMGK soft", "MGK hard", "sMGK hard")}
+ALL_MGK_PATHS = {**MGK_PATHS, **MGK_GPU_PATHS}
+
+
+def mgk_paths(device):
+    """The MGK paths of the table on `device`."""
+    return {**MGK_PATHS, **(MGK_GPU_PATHS if device == "cuda" else {})}
 
 
 def mgk_paper_flops(path, heads, length, head_dim):
@@ -57,31 +126,36 @@ def mgk_paper_flops(path, heads, length, head_dim):
     value per position); sMGK (one key product for all M shifted keys) 2 H/2 N^2 D. path: "sdpa" or MGK_PATHS."""
     if path == "sdpa":
         return 2 * heads * length * length * head_dim
-    kind, _, m, _ = MGK_PATHS[path]
+    kind, _, m, _ = ALL_MGK_PATHS[path]
     return (2 if kind == "smgk" else m + 1) * (heads // 2) * length * length * head_dim
 
 
-def mgk_attention_step(path, heads, length, batch, head_dim):
-    """fwd+bwd of one attention call: SDPA with `heads` heads, or an MGK path with heads // 2."""
+def mgk_attention_step(path, heads, length, batch, head_dim, backend=None):
+    """fwd+bwd of one attention call: SDPA with `heads` heads, or an MGK path with heads // 2 (`backend` in place of
+    the path's own)."""
     from hf_mgk import attention_mgk as am
 
     g = measure.generator()
     if path == "sdpa":
-        q, k, v = (torch.randn(batch, heads, length, head_dim, generator=g, requires_grad=True) for _ in range(3))
-        grad = torch.randn(batch, heads, length, head_dim, generator=g)
+        q, k, v = (_leaf((batch, heads, length, head_dim), g) for _ in range(3))
+        grad = _leaf((batch, heads, length, head_dim), g, False)
         return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v).backward(grad)
-    kind, e_step, m, backend = MGK_PATHS[path]
+    kind, e_step, m, own = ALL_MGK_PATHS[path]
+    backend = backend or own
     h = heads // 2
-    q, v = (torch.randn(batch, h, length, head_dim, generator=g, requires_grad=True) for _ in range(2))
-    grad = torch.randn(batch, h, length, head_dim, generator=g)  # dense, as from the layers above
+    q, v = (_leaf((batch, h, length, head_dim), g) for _ in range(2))
+    grad = _leaf((batch, h, length, head_dim), g, False)  # dense, as from the layers above
+    if backend == "eager":  # the rule's choice without the Triton kernels
+        backend = am.choose_backend(e_step=e_step, return_weights=False, device_type=q.device.type, dtype=q.dtype,
+                                    autocast=False, tracing=False, mask=None)
     variances = [head_dim ** 0.5 * (1 + 2 * r) for r in range(m)]
     prior = torch.log_softmax(torch.zeros(h, m), -1).requires_grad_(e_step == "soft")  # the hard E-step ignores pi
     if kind == "smgk":
-        key = torch.randn(batch, h, length, head_dim, generator=g, requires_grad=True)
-        shift = (0.1 * torch.randn(h, m, head_dim, generator=g)).requires_grad_()
+        key = _leaf((batch, h, length, head_dim), g)
+        shift = (0.1 * torch.randn(h, m, head_dim, generator=g)).to(q.dtype).requires_grad_()
         return lambda: am.smgk_attention(q, key, shift, v, variances=variances, log_prior=prior,
                                          e_step=e_step, backend=backend).backward(grad)
-    keys = torch.randn(batch, h, m, length, head_dim, generator=g, requires_grad=True)
+    keys = _leaf((batch, h, m, length, head_dim), g)
     return lambda: am.mgk_attention(q, keys, v, variances=variances, log_prior=prior, e_step=e_step,
                                     backend=backend).backward(grad)
 
@@ -95,11 +169,12 @@ def measure_mgk_attention(path, heads, length, batch, head_dim, repeats, threads
 def run_mgk_attention(args, spec):
     """The attention alone, fwd+bwd: each MGK path with H/2 heads against SDPA with H, time and FLOP ratios."""
     heads, head_dim, batch = args.heads, BERT_SIZE["hidden_size"] // args.heads, args.batch
-    rows = {(p, n): measure.call_child("measure_mgk_attention",
-                                       [p, heads, n, batch, head_dim, args.repeats, args.threads])
-            for n in spec["lengths"] for p in ("sdpa", *MGK_PATHS)}
-    print(f"\n## mgk: attention alone, forward + backward (B={batch}, D={head_dim}, no mask): MGK paths with "
-          f"{heads // 2} heads, M=2, against SDPA with {heads}; x = time / SDPA's")
+    paths = list(mgk_paths(args.device))
+    rows = alone_rows("mgk", paths, lambda n: [heads, n, batch, head_dim], spec["lengths"], args,
+                      "measure_mgk_attention", lambda p, n: [p, heads, n, batch, head_dim, args.repeats, args.threads])
+    print(f"\n## mgk: attention alone, forward + backward (B={batch}, D={head_dim}, no mask, {args.dtype}): MGK "
+          f"paths with {heads // 2} heads, M=2, against SDPA with {heads}; x = time / SDPA's"
+          + ("; the steps of each N alternating in one process" if args.interleave else ""))
     print("'x paper FLOPs': the papers' count (App. B) of the attention products, forward (softmax 2 H N^2 D, MGK "
           "(M + 1) H/2 N^2 D, sMGK 2 H/2 N^2 D); the target is 1.1 times it. 'x counted FLOPs': FlopCounterMode on "
           "the timed step, forward + backward (SDPA by PyTorch's formula: QK^T, AV and 4 backward products).")
@@ -110,7 +185,7 @@ def run_mgk_attention(args, spec):
         paper = mgk_paper_flops(p, heads, n, head_dim) / mgk_paper_flops("sdpa", heads, n, head_dim)
         return [f"{paper:.2f}", f"{1.1 * paper:.3f}"]
 
-    print_alone_rows(spec["lengths"], MGK_PATHS, rows, paper_cells)
+    print_alone_rows(spec["lengths"], paths, rows, paper_cells)
 
 
 # ------------------------------------------------------------------ FiSH attention alone
@@ -118,26 +193,40 @@ def run_mgk_attention(args, spec):
 # local heads mixed from M global ones, on the path the model's rule picks ("auto").
 FISH_NOISY = ("fish", "mish", "gfish")  # the types with training noise (FiSHGPT2Config.is_noisy)
 FISH_PATHS = {kind: (kind, "auto") for kind in FISH_TYPES}  # name -> (attention type, backend)
+FISH_GPU_PATHS = {f"{kind}, eager": (kind, "eager") for kind in FISH_TYPES}  # on a GPU, beside "auto" (Triton)
 
 
-def fish_attention_step(path, heads, m, length, batch, head_dim):
+def fish_paths(device, types):
+    """The FiSH paths of the table on `device` for the attention types `types`."""
+    paths = {**FISH_PATHS, **(FISH_GPU_PATHS if device == "cuda" else {})}
+    return [p for p in paths if paths[p][0] in types]
+
+
+def fish_attention_step(path, heads, m, length, batch, head_dim, backend=None):
     """fwd+bwd of one causal attention call: SDPA with `heads` heads, or a FiSH path (FISH_PATHS) with `heads` local
-    and `m` global heads, its mixing as the model initialises it and sigma = 0.1 for the noisy types."""
+    and `m` global heads, its mixing as the model initialises it and sigma = 0.1 for the noisy types (`backend` in
+    place of the path's own)."""
     from hf_mgk import attention_fish as af
 
     g = measure.generator()
-    grad = torch.randn(batch, heads, length, head_dim, generator=g)
+    grad = _leaf((batch, heads, length, head_dim), g, False)
     if path == "sdpa":
-        q, k, v = (torch.randn(batch, heads, length, head_dim, generator=g, requires_grad=True) for _ in range(3))
+        q, k, v = (_leaf((batch, heads, length, head_dim), g) for _ in range(3))
         return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
-    kind, backend = FISH_PATHS[path]
-    q, k = (torch.randn(batch, m, length, head_dim, generator=g, requires_grad=True) for _ in range(2))
-    v = torch.randn(batch, heads, length, head_dim, generator=g, requires_grad=True)
+    kind, own = {**FISH_PATHS, **FISH_GPU_PATHS}[path]
+    backend = backend or own
+    q, k = (_leaf((batch, m, length, head_dim), g) for _ in range(2))
+    v = _leaf((batch, heads, length, head_dim), g)
     if kind.endswith("gfish"):
         mixing = af.make_gfish_mixing(m, heads)
     else:
         mixing = torch.full((m, 1 if kind == "mish" else heads), 1.0 / m, requires_grad=True)
     noise = torch.full((m,), 0.1, requires_grad=True) if kind in FISH_NOISY else None
+    if backend == "eager":  # the rule's choice without the Triton kernels
+        backend = af.choose_backend(
+            mixing="gfish" if kind.endswith("gfish") else "shared" if kind == "mish" else "heads",
+            noise=noise is not None, dropout=False, return_weights=False, device_type=q.device.type, dtype=q.dtype,
+            autocast=False, requires_grad=True, tracing=False)
     return lambda: af.fish_attention(q, k, v, mixing, noise_std=noise, is_causal=True, backend=backend).backward(grad)
 
 
@@ -152,14 +241,18 @@ def run_fish_attention(args, spec):
     heads, m, batch = args.heads, args.global_heads, args.batch
     head_dim = GPT2_SIZE["n_embd"] // heads
     lengths = args.lengths or [512, 1024]
-    paths = [p for p in FISH_PATHS if FISH_PATHS[p][0] in (args.fish_types or FISH_TYPES)]
-    rows = {(p, n): measure.call_child("measure_fish_attention", [p, heads, m, n, batch, head_dim, args.repeats,
-                                                                  args.threads])
-            for n in lengths for p in ("sdpa", *paths)}
-    print(f"\n## fish: attention alone, causal, forward + backward (B={batch}, D={head_dim}): each FiSH type with "
-          f"{heads} local heads mixed from {m} global ones, on the path its rule picks, against SDPA with "
-          f"{heads} heads; x = time / SDPA's. 'x counted FLOPs': FlopCounterMode on the step (SDPA by PyTorch's "
-          "formula).")
+    paths = fish_paths(args.device, args.fish_types or FISH_TYPES)
+    rows = alone_rows("fish", paths, lambda n: [heads, m, n, batch, head_dim], lengths, args,
+                      "measure_fish_attention",
+                      lambda p, n: [p, heads, m, n, batch, head_dim, args.repeats, args.threads])
+    print(f"\n## fish: attention alone, causal, forward + backward (B={batch}, D={head_dim}, {args.dtype}): each "
+          f"FiSH type with {heads} local heads mixed from {m} global ones, on the path its rule picks, against SDPA "
+          f"with {heads} heads; x = time / SDPA's. 'x counted FLOPs': FlopCounterMode on the step (SDPA by "
+          "PyTorch's formula)." + (" The steps of each N alternate in one process." if args.interleave else ""))
     print("| N | SDPA ms | path | ms | x SDPA | x counted FLOPs | peak MiB |")
     print("|---:|---:|---|---:|---:|---:|---:|")
     print_alone_rows(lengths, paths, rows)
+
+
+# The step builders `measure_alone_interleaved` names by table.
+STEP_BUILDERS = {"mgk": mgk_attention_step, "fish": fish_attention_step}

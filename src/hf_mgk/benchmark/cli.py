@@ -10,6 +10,7 @@
     python scripts/benchmark.py --family all --models-only --mode both --interleave --lengths 256 512 1024 2048 \
         --csv results.csv --markdown results.md --figures figures      # the README's results table and figures
     python scripts/benchmark.py --family mgk --device cuda    # on a GPU (synchronised timings, CUDA peak memory)
+    python scripts/benchmark.py --family fish --device cuda --dtype bf16 --interleave --lengths 1024 4096 --batch 8
 
 Each (model, length, mode) is measured in a fresh child process: a warm-up step, then the median of `--repeats`
 steps. `--mode train` (the default) times a training step (forward + backward of the encoder + an SGD step; no
@@ -19,7 +20,10 @@ RSS minus the RSS before the first step; CUDA: torch.cuda.max_memory_allocated m
 Shared machines are noisy: read the ratios, which are taken in the same run. With `--interleave` the whole models
 of a family are also timed together at each length, one child building them all and alternating their steps
 (`measure_interleaved`), so that the baseline and each model see the same machine state; memory, parameters and
-FLOPs still come from each case's own child. tokens/s = batch * N / step time.
+FLOPs still come from each case's own child; the attention-alone tables then time every path with SDPA the same way.
+tokens/s = batch * N / step time. `--dtype bf16` / `fp16` runs the models under torch.autocast and gives the
+attention-alone tables inputs in that dtype; on `--device cuda` those tables show the eager paths ("..., eager")
+beside "auto", which there takes the Triton kernels where Triton is installed.
 
 FLOPs, for every model: torch.utils.flop_counter.FlopCounterMode counts the (untimed) warm-up step (see
 count_flops and flop_counter_mode), the whole step and the attention layers' forward share, and each family's paper
@@ -43,8 +47,8 @@ import pathlib
 
 import torch
 
-from . import measure
-from .attention import measure_fish_attention, measure_mgk_attention
+from . import measure, models
+from .attention import measure_alone_interleaved, measure_fish_attention, measure_mgk_attention
 from .cases import FAMILIES
 from .figures import figure_paths, write_figures
 from .models import FISH_DEFAULT, FISH_TYPES
@@ -54,7 +58,8 @@ from .tables import make_rows, print_table, write_csv, write_markdown
 # What a child can be asked to run (measure.call_child names one; the child prints its result as JSON).
 CHILD_FUNCTIONS = {"measure": measure.measure, "measure_interleaved": measure.measure_interleaved,
                    "measure_attention": measure_attention,
-                   "measure_mgk_attention": measure_mgk_attention, "measure_fish_attention": measure_fish_attention}
+                   "measure_mgk_attention": measure_mgk_attention, "measure_fish_attention": measure_fish_attention,
+                   "measure_alone_interleaved": measure_alone_interleaved}
 
 
 def build_parser():
@@ -69,28 +74,36 @@ def build_parser():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--dtype", choices=sorted(models.DTYPES), default="fp32",
+                   help="bf16 / fp16: the models run under torch.autocast to it, the attention-alone tables take "
+                        "their inputs in it (default fp32)")
     p.add_argument("--mode", choices=["train", "forward", "both"],
                    help="train: forward + backward + SGD step; forward: no-grad forward (default: train; the nprf "
                         "family's whole models: forward)")
     p.add_argument("--head-dims", type=int, nargs="*",
                    help="sweep the head size: the baseline gets --heads heads of each size (hidden = heads x size)")
-    p.add_argument("--models-only", action="store_true", help="skip the attention-alone tables (mgk, fish, nprf)")
+    only = p.add_mutually_exclusive_group()
+    only.add_argument("--models-only", action="store_true", help="skip the attention-alone tables (mgk, fish, nprf)")
+    only.add_argument("--attention-only", action="store_true",
+                      help="only the attention-alone tables (mgk, fish, nprf): no whole models")
     p.add_argument("--interleave", action="store_true",
                    help="time the whole models of a family at each length in one child, their steps alternating "
                         "(the same machine state for the baseline and each model; memory and FLOPs still from "
-                        "each case's own child)")
+                        "each case's own child); the attention-alone tables the same way, every path with SDPA")
     p.add_argument("--csv", help="write one row per measurement to this CSV file")
     p.add_argument("--markdown", help="write the summary table (models vs baselines) to this Markdown file")
     p.add_argument("--figures", help="write PNG figures of the ratios to this folder")
     p.add_argument("--overwrite", action="store_true", help="replace existing --csv / --markdown / figure files")
     p.add_argument("--_child", help=argparse.SUPPRESS)
     p.add_argument("--_device", default="cpu", help=argparse.SUPPRESS)
+    p.add_argument("--_dtype", default="fp32", help=argparse.SUPPRESS)
     return p
 
 
-def run_in_child(call, device):
-    """The child's side of measure.call_child: CHILD_FUNCTIONS[name](*call_args) (`call`: their JSON) on `device`,
-    its result printed as JSON."""
+def run_in_child(call, device, dtype="fp32"):
+    """The child's side of measure.call_child: CHILD_FUNCTIONS[name](*call_args) (`call`: their JSON) on `device`
+    in `dtype` (--dtype), its result printed as JSON."""
+    models.DTYPE = dtype
     if device != "cpu":
         torch.set_default_device(device)
     name, call_args = json.loads(call)
@@ -105,11 +118,15 @@ def main(argv=None):
     p = build_parser()
     args = p.parse_args(argv)
     if args._child:
-        return run_in_child(args._child, args._device)
+        return run_in_child(args._child, args._device, args._dtype)
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error(f"--device cuda: CUDA is not available here (torch {torch.__version__}, built for CUDA "
                 f"{torch.version.cuda}); run with --device cpu or on a machine with a GPU")
+    if args.attention_only and (args.csv or args.markdown or args.figures):
+        p.error("--attention-only prints the attention-alone tables; --csv, --markdown and --figures are of the "
+                "whole models")
     measure.DEVICE = args.device
+    models.DTYPE = args.dtype
     names = sorted(FAMILIES) if args.family == "all" else [args.family]
     planned = {name: FAMILIES[name](args) for name in names}
     figures = {name: figure_paths(args.figures, name, _modes(args, spec), args.head_dims, spec)
@@ -122,8 +139,8 @@ def main(argv=None):
     if args.figures:
         pathlib.Path(args.figures).mkdir(parents=True, exist_ok=True)
 
-    print(f"torch {torch.__version__}, {args.device}, {args.threads} threads, batch {args.batch}, median of "
-          f"{args.repeats} steps" + (", the models' steps interleaved" if args.interleave else ""))
+    print(f"torch {torch.__version__}, {args.device}, {args.dtype}, {args.threads} threads, batch {args.batch}, "
+          f"median of {args.repeats} steps" + (", the models' steps interleaved" if args.interleave else ""))
     rows = []
     for name in names:
         for i, head_dim in enumerate(args.head_dims or [None]):
@@ -133,7 +150,7 @@ def main(argv=None):
             first = i == 0
             if "runner" in spec and first and not args.models_only:
                 spec["runner"](args)
-            for mode in _modes(args, spec):
+            for mode in [] if args.attention_only else _modes(args, spec):
                 results = {}
                 for length in spec["lengths"]:
                     results.update(measure.run_cases(spec, length, args, mode))

@@ -102,8 +102,9 @@ def measure_interleaved(cases, length, batch, repeats, threads, mode):
 # ------------------------------------------------------------------ in the parent: the children
 def child_command(name, call_args):
     """The command line of a child that runs CHILD_FUNCTIONS[name](*call_args) (hf_mgk.benchmark.cli) and prints
-    its result as JSON: the benchmark's own entry point, with what the child is to compute on."""
-    return [sys.executable, "-m", "hf_mgk.benchmark", "--_child", json.dumps([name, call_args]), "--_device", DEVICE]
+    its result as JSON: the benchmark's own entry point, with what the child is to compute on and in."""
+    return [sys.executable, "-m", "hf_mgk.benchmark", "--_child", json.dumps([name, call_args]), "--_dtype",
+            models.DTYPE, "--_device", DEVICE]
 
 
 def call_child(name, call_args):

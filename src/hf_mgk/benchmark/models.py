@@ -1,11 +1,30 @@
 """The whole models the benchmark times: their sizes, how a child process rebuilds one from its kind and JSON
 overrides (`BUILDERS`, `make_config`, `build`), and one timed step of it (`model_step`)."""
 
+import contextlib
 import importlib
 
 import torch
 
 from hf_mgk.families import FAMILIES as MODEL_FAMILIES
+
+# ------------------------------------------------------------------ precision
+# --dtype: fp32 runs as it is; bf16 / fp16 run the models under torch.autocast and give the attention-alone tables
+# their inputs in that dtype. main() sets DTYPE, and a child gets it from the parent (measure.child_command).
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPE = "fp32"
+
+
+def compute_dtype():
+    return DTYPES[DTYPE]
+
+
+def autocast():
+    """The context a model's step runs in: nothing for fp32, autocast to DTYPE otherwise."""
+    if DTYPE == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(torch.get_default_device().type, dtype=compute_dtype())
+
 
 # ------------------------------------------------------------------ sizes
 NPRF_ATTN = dict(heads=8, head_dim=64, features=32)
@@ -83,7 +102,8 @@ def build(kind, overrides, length):
 
 def model_step(kind, overrides, length, batch, mode):
     """(model, ids, step) of one case: step(on_forward) runs mode "train" (forward, backward and an SGD step) or
-    "forward" (a forward in eval mode under no_grad), calling on_forward after the forward."""
+    "forward" (a forward in eval mode under no_grad), calling on_forward after the forward; the forward under
+    `autocast()` (--dtype)."""
     torch.manual_seed(0)
     model = build(kind, overrides, length).train(mode == "train")
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
@@ -91,11 +111,12 @@ def model_step(kind, overrides, length, batch, mode):
 
     def step(on_forward=lambda: None):
         if mode == "forward":
-            with torch.no_grad():
+            with torch.no_grad(), autocast():
                 model(ids)
             return on_forward()
         opt.zero_grad(set_to_none=True)
-        hidden = model(ids).last_hidden_state
+        with autocast():
+            hidden = model(ids).last_hidden_state
         on_forward()
         hidden.float().pow(2).mean().backward()
         opt.step()

@@ -1,0 +1,166 @@
+"""The benchmark's options for the GPU runs of issue 26, checked on the CPU: --dtype (the children compute in it, the
+models under autocast, the attention-alone inputs in it), the eager rows beside "auto" on --device cuda, --interleave
+for the attention-alone tables (one child per N, its times used), --attention-only, and the block-size tuning pass
+(in Triton's interpreter on tiny shapes). No timed assertion: the machine is shared and noisy."""
+
+import argparse
+import contextlib
+import io
+import os
+
+import pytest
+import torch
+
+from hf_mgk import attention_fish_triton as aft
+from hf_mgk import attention_mgk_triton as amt
+from hf_mgk import attention_triton as at
+from hf_mgk.benchmark import attention, cli, measure, models, tune
+
+from conftest import children_in_process
+
+
+@pytest.fixture
+def dtype(monkeypatch):
+    def set_dtype(name):
+        monkeypatch.setattr(models, "DTYPE", name)
+    return set_dtype
+
+
+def _args(**kw):
+    threads = torch.get_num_threads()
+    return argparse.Namespace(**{**dict(heads=4, global_heads=2, batch=1, repeats=2, threads=threads, lengths=[16],
+                                        fish_types=["hard_fish", "fish"], device="cpu", dtype="fp32",
+                                        interleave=False), **kw})
+
+
+def _table(run, args, spec=None):
+    out = io.StringIO()
+    threads = torch.get_num_threads()
+    with contextlib.redirect_stdout(out):
+        run(args, spec or {"lengths": args.lengths})
+    torch.set_num_threads(threads)
+    lines = out.getvalue().splitlines()
+    return lines, [[c.strip() for c in line.strip("|").split("|")] for line in lines if line.startswith("| 16 |")]
+
+
+def test_the_child_computes_in_the_parents_dtype(dtype):
+    """--dtype reaches the child (its command line), whose attention inputs are in it and whose models' forward runs
+    under autocast to it; fp32 is left as it is."""
+    dtype("bf16")
+    command = measure.child_command("measure", ["mgk", {}, 8, 1, 1, 1])
+    assert command[-4:] == ["--_dtype", "bf16", "--_device", "cpu"]
+    for step in (attention.mgk_attention_step("MGK soft", 4, 16, 1, 8),
+                 attention.fish_attention_step("fish", 4, 2, 16, 1, 8)):
+        leaves = [c.cell_contents for c in step.__closure__ if isinstance(c.cell_contents, torch.Tensor)
+                  and c.cell_contents.dim() >= 4]
+        assert leaves and all(t.dtype == torch.bfloat16 for t in leaves)
+        step()
+    seen = []
+    model, _, step = models.model_step("mgk", {"num_attention_heads": 4, "hidden_size": 64, "intermediate_size": 64,
+                                               "num_hidden_layers": 1}, 16, 1, "train")
+    model.encoder.layer[0].intermediate.dense.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    step()
+    dtype("fp32")
+    step()
+    assert seen == [torch.bfloat16, torch.float32]
+
+
+def test_run_in_child_takes_the_dtype(capsys, monkeypatch):
+    monkeypatch.setattr(models, "DTYPE", "fp32")
+    cli.main(["--_child", '["measure_mgk_attention", ["MGK soft", 4, 16, 1, 8, 1, 1]]', "--_dtype", "fp16",
+              "--_device", "cpu"])
+    assert models.DTYPE == "fp16" and "seconds" in capsys.readouterr().out
+
+
+def test_on_a_gpu_the_tables_show_the_eager_path_beside_auto(monkeypatch):
+    """--device cuda (its children run here on the CPU): each MGK and FiSH path also as "..., eager", the rule's
+    choice without the Triton kernels; on the CPU the table is as before."""
+    calls = []
+    monkeypatch.setattr(measure, "call_child", children_in_process(calls))
+    _, rows = _table(attention.run_mgk_attention, _args(device="cuda"))
+    names = [r[2] for r in rows]
+    assert names == [*attention.MGK_PATHS, "MGK soft, eager", "sMGK soft, eager", "MGK hard, eager",
+                     "sMGK hard, eager"]
+    assert all(len(r) == 9 and float(r[3]) > 0 for r in rows)
+    _, rows = _table(attention.run_fish_attention, _args(device="cuda"))
+    assert [r[2] for r in rows] == ["hard_fish", "fish", "hard_fish, eager", "fish, eager"]
+    _, rows = _table(attention.run_fish_attention, _args())
+    assert [r[2] for r in rows] == ["hard_fish", "fish"]
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_interleave_times_the_paths_together(device, monkeypatch):
+    """--interleave: one measure_alone_interleaved child per N times SDPA and every path alternating, and the table
+    shows its times; on the CPU the separate children still run (memory: the process's peak), on a GPU not (each
+    path's peak from the same child)."""
+    calls = []
+    monkeypatch.setattr(measure, "call_child", children_in_process(calls))
+    lines, rows = _table(attention.run_fish_attention, _args(device=device, interleave=True))
+    together = [c for c in calls if c[0] == "measure_alone_interleaved"]
+    assert len(together) == 1
+    kind, paths, shape, repeats, _ = together[0][1]
+    assert (kind, repeats) == ("fish", 2) and paths[0] == "sdpa" and paths[1:] == [r[2] for r in rows]
+    times = {p: got["seconds"] for p, got in zip(paths, together[0][2]["rows"])}
+    for r in rows:
+        assert float(r[3]) == pytest.approx(times[r[2]] * 1e3, rel=0.01, abs=0.01)
+        assert float(r[1]) == pytest.approx(times["sdpa"] * 1e3, rel=0.01, abs=0.01)
+    separate = [c for c in calls if c[0] == "measure_fish_attention"]
+    assert len(separate) == (0 if device == "cuda" else len(paths))
+    assert any("alternate in one process" in line for line in lines)
+
+
+def test_a_path_that_cannot_run_says_why_in_the_interleaved_table(monkeypatch):
+    calls = []
+    monkeypatch.setattr(measure, "call_child", children_in_process(calls))
+    monkeypatch.setitem(attention.FISH_GPU_PATHS, "fish, eager", ("fish", "no-such-backend"))
+    _, rows = _table(attention.run_fish_attention, _args(device="cuda", interleave=True, fish_types=["fish"]))
+    by_path = {r[2]: r for r in rows}
+    assert "unknown backend 'no-such-backend'" in by_path["fish, eager"][3] and float(by_path["fish"][3]) > 0
+
+
+def test_attention_only_runs_no_model(monkeypatch):
+    calls = []
+    monkeypatch.setattr(measure, "call_child", children_in_process(calls))
+    out = io.StringIO()
+    threads = torch.get_num_threads()
+    with contextlib.redirect_stdout(out):
+        cli.main(["--family", "fish", "--attention-only", "--lengths", "16", "--heads", "4", "--repeats", "1",
+                  "--fish-types", "hard_fish", "--threads", str(threads)])
+    torch.set_num_threads(threads)
+    assert {c[0] for c in calls} == {"measure_fish_attention"} and "## fish: attention alone" in out.getvalue()
+    with pytest.raises(SystemExit):
+        cli.main(["--family", "fish", "--attention-only", "--csv", "x.csv"])
+
+
+def test_tuned_block_sizes_reach_the_kernels(monkeypatch):
+    monkeypatch.setenv("HF_MGK_TRITON_BLOCKS", "mgk=128x32, fish=32x64")
+    assert at.tuned_blocks("mgk", (1, 1)) == (128, 32) and at.tuned_blocks("fish", (1, 1)) == (32, 64)
+    assert amt.block_sizes("cuda", 64, 64) == (128, 32) and aft.block_sizes("cuda", 2, 64, 64) == (32, 64)
+    monkeypatch.setenv("HF_MGK_TRITON_BLOCKS", "fish=32x64")
+    assert amt.block_sizes("cuda", 64, 64) == (64, 64) and amt.block_sizes("cpu", 64, 64) == (32, 32)
+
+
+@pytest.mark.skipif(not at.interpreting(), reason="the tuning pass runs the kernels: here in Triton's interpreter")
+def test_tuning_pass_times_each_candidate_and_names_the_fastest(monkeypatch, capsys):
+    """tune.main on tiny shapes in the interpreter: every candidate timed for each family (a candidate that cannot
+    run is reported, not fatal), the last line the variable to export, the environment as it was after."""
+    monkeypatch.delenv("HF_MGK_TRITON_BLOCKS", raising=False)
+    monkeypatch.setattr(models, "DTYPE", "fp32")
+    real = tune.FAMILY_STEPS["mgk"]
+
+    def broken_at_16(a):  # a candidate the "GPU" cannot run
+        step = real(a)
+        return lambda: (_ for _ in ()).throw(RuntimeError("out of resources")) if at.tuned_blocks(
+            "mgk", None) == (16, 16) else step()
+
+    monkeypatch.setitem(tune.FAMILY_STEPS, "mgk", broken_at_16)
+    chosen = tune.main(["--device", "cpu", "--dtype", "fp32", "--length", "24", "--batch", "1", "--heads", "2",
+                        "--head-dim", "16", "--repeats", "1", "--candidates", "16x16", "32x32", "16x32"])
+    out = capsys.readouterr().out
+    assert "| 16x16 | out of resources |" in out
+    for family in ("mgk", "fish"):
+        assert f"## {family}: Triton block sizes" in out
+    assert out.strip().splitlines()[-1] == "HF_MGK_TRITON_BLOCKS=" + ",".join(chosen)
+    picked = dict(item.split("=") for item in chosen)
+    assert picked.keys() == {"mgk", "fish"} and picked["mgk"] in ("32x32", "16x32")
+    assert "HF_MGK_TRITON_BLOCKS" not in os.environ
