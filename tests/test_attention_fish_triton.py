@@ -127,20 +127,12 @@ def test_triton_matches_reference(device, variant):
     _check(variant, *CASES[0], device)
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # the interpreter's time: the fast tier keeps the first shape, every variant
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", CASES[1:], ids=["m3-cache", "m1-d64"])
 def test_triton_matches_reference_more_shapes(device, variant, case):
     _check(variant, *case, device)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("variant", ["fish", "gfish"])
-def test_m3_cache_and_m1_head_size_64(device, variant):
-    """One noisy variant of each mixing kind on the other two shapes in the fast tier (all variants: slow tier)."""
-    for case in CASES[1:]:
-        _check(variant, *case, device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -295,6 +287,15 @@ for network in (False, True):
         sig = {a: "constexpr" if a in consts else RUNTIME.get(a, "*bf16" if a in ("Q", "K", "V", "DO", "O")
                                                               else "*fp32") for a in fn.arg_names}
         triton.compile(ASTSource(fn, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32))
+# M = 1 (a batched dot over one head), and the kernel that writes the noise out
+consts = dict(MP=1, NETWORK=False, NOISE=False, PADDED=False, CAUSAL=False, DROPOUT=False, PREC=None, BLOCK_M=32,
+              BLOCK_N=32, BLOCK_D=32, BLOCK_DV=32)
+sig = {a: "constexpr" if a in consts else RUNTIME.get(a, "*bf16" if a in ("Q", "K", "V", "O") else "*fp32")
+       for a in aft._fwd_kernel.arg_names}
+triton.compile(ASTSource(aft._fwd_kernel, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32))
+consts = dict(NETWORK=True, MP=4, BLOCK_M=16, BLOCK_N=16)
+sig = {a: "constexpr" if a in consts else RUNTIME.get(a, "*fp32") for a in aft._noise_kernel.arg_names}
+triton.compile(ASTSource(aft._noise_kernel, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32))
 print("compiled")
 """
 
@@ -303,7 +304,8 @@ print("compiled")
 def test_kernels_compile_for_a_gpu_without_one():
     """What only the compiler rejects (types of loop-carried values, constexpr branches, 3-D dot shapes) shows
     here: the kernels compiled for sm_90 (Triton's frontend and ptxas, no GPU needed), linear and network mixing in
-    bfloat16 with noise, dropout, padding and causal masks."""
+    bfloat16 with noise, dropout, padding and causal masks; the forward with M = 1; the kernel that writes the noise
+    out. (float32's IEEE products in the batched dot compile too, in ~50 s: checked by hand, not here.)"""
     import subprocess
     import sys
 

@@ -140,6 +140,7 @@ def test_tuned_block_sizes_reach_the_kernels(monkeypatch):
     assert amt.block_sizes("cuda", 64, 64) == (64, 64) and amt.block_sizes("cpu", 64, 64) == (32, 32)
 
 
+@pytest.mark.slow  # the kernels of both families in the interpreter, three candidates each
 @pytest.mark.skipif(not at.interpreting(), reason="the tuning pass runs the kernels: here in Triton's interpreter")
 def test_tuning_pass_times_each_candidate_and_names_the_fastest(monkeypatch, capsys):
     """tune.main on tiny shapes in the interpreter: every candidate timed for each family (a candidate that cannot

@@ -69,15 +69,15 @@ def test_a_hung_process_fails_the_test_with_its_stack():
     from conftest import run_bounded
 
     code = "def waiting_for_a_peer():\n    import time\n    time.sleep(600)\nwaiting_for_a_peer()\n"
-    with pytest.raises(pytest.fail.Exception, match=r"(?s)did not finish in 3s.*waiting_for_a_peer"):
-        run_bounded([sys.executable, "-c", code], dict(os.environ), timeout=3)
+    with pytest.raises(pytest.fail.Exception, match=r"(?s)did not finish in 2s.*waiting_for_a_peer"):
+        run_bounded([sys.executable, "-c", code], dict(os.environ), timeout=2)
     # torchrun's ranks run in sessions of their own: one that hangs is stopped too (and its stack shown), and
     # does not keep the output pipes, and with them the suite, waiting
     rank = "import time\ndef a_rank_in_its_own_session():\n    time.sleep(600)\na_rank_in_its_own_session()\n"
     launcher = (f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {rank!r}], "
                 "start_new_session=True)\ntime.sleep(600)\n")
-    with pytest.raises(pytest.fail.Exception, match=r"(?s)did not finish in 3s.*a_rank_in_its_own_session"):
-        run_bounded([sys.executable, "-c", launcher], dict(os.environ), timeout=3)
+    with pytest.raises(pytest.fail.Exception, match=r"(?s)did not finish in 2s.*a_rank_in_its_own_session"):
+        run_bounded([sys.executable, "-c", launcher], dict(os.environ), timeout=2)
     done = run_bounded([sys.executable, "-c", "print('done')"], dict(os.environ), timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "done"
 
