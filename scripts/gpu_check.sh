@@ -6,23 +6,27 @@
 #   2. one tuning pass of the block sizes (python -m hf_mgk.benchmark.tune), whose choice the tables then use;
 #   3. the attention-alone tables in bf16, B = 8, D = 64, N = 1024 and 4096, forward + backward, every path and SDPA
 #      alternating in one process (--interleave), the Triton path ("auto") beside the eager one ("..., eager").
-# Everything is written under the folder given (default gpu_check/); each step is bounded so the whole ends in about
-# 8 minutes. PYTHON picks the interpreter (default .venv/bin/python, else python).
+# Everything is written under the folder given (default gpu_check/); each step is bounded so the whole ends in under
+# 8 minutes. PYTHON picks the interpreter (default .venv/bin/python, else python3: a machine with torch, triton,
+# transformers and pytest, such as a lent device machine, runs this package from src/ without installing it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}
+PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 OUT=${1:-gpu_check}
 mkdir -p "$OUT"
-export HF_HUB_OFFLINE=1
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+$PY -c "import hf_mgk" 2>/dev/null || export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" \
     | tee "$OUT/device.txt"
-HF_MGK_TEST_CUDA=1 timeout 200 $PY -m pytest -q -m cuda -p no:cacheprovider \
-    tests/test_attention_mgk_triton.py tests/test_attention_fish_triton.py 2>&1 | tail -30 | tee "$OUT/pytest.txt"
-timeout 100 $PY -m hf_mgk.benchmark.tune --device cuda --dtype bf16 --repeats 10 2>&1 | tee "$OUT/tune.txt"
+# the kernels compile per constant set: spread the tests over processes where pytest-xdist is there
+XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 8")
+HF_MGK_TEST_CUDA=1 timeout 180 $PY -m pytest -q -m cuda -p no:cacheprovider $XDIST \
+    tests/test_attention_mgk_triton.py tests/test_attention_fish_triton.py 2>&1 | tail -40 | tee "$OUT/pytest.txt"
+timeout 90 $PY -m hf_mgk.benchmark.tune --device cuda --dtype bf16 --repeats 10 2>&1 | tee "$OUT/tune.txt"
 BLOCKS=$(grep '^HF_MGK_TRITON_BLOCKS=' "$OUT/tune.txt" | tail -1 | cut -d= -f2-)
 [ -n "$BLOCKS" ] && export HF_MGK_TRITON_BLOCKS="$BLOCKS"
 for family in mgk fish; do
-    timeout 90 $PY scripts/benchmark.py --family "$family" --attention-only --device cuda --dtype bf16 --interleave \
+    timeout 80 $PY scripts/benchmark.py --family "$family" --attention-only --device cuda --dtype bf16 --interleave \
         --lengths 1024 4096 --batch 8 --heads 8 --repeats 10 2>&1 | tee "$OUT/attention_$family.txt"
 done
 echo "written: $OUT (HF_MGK_TRITON_BLOCKS=${BLOCKS:-default})"

@@ -370,8 +370,8 @@ class _TritonFiSH(torch.autograd.Function):
         lse = torch.empty(b, h, n, 2, dtype=torch.float32, device=q.device)
         consts = dict(MP=triton.next_power_of_2(m), NETWORK=network,
                       NOISE=(sigma if network else std) is not None, PADDED=kb is not None, CAUSAL=causal,
-                      DROPOUT=dropout_p > 0, PREC=precision(q.dtype, q.device.type), BLOCK_M=block_m,
-                      BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
+                      DROPOUT=dropout_p > 0, PREC=precision(q.dtype, q.device.type, float32="tf32x3"),
+                      BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
                       BLOCK_DV=max(16, triton.next_power_of_2(dv)))
         runtime = (n, s, d, dv, m, h, float(scale), float(dropout_p), seed, nseed)
         _fwd_kernel[(b * h, triton.cdiv(n, block_m))](q, k, v, *tensors, out, lse, *runtime, **consts)

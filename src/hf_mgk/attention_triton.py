@@ -67,11 +67,13 @@ def tuned_blocks(family, default):
     return default
 
 
-def precision(dtype, device_type):
-    """The kernels' PREC constant: float32 products in IEEE float32 (TF32, the GPU default, would cost float32 calls
-    their 1e-5 agreement), half precision as it is, and bfloat16 in the interpreter "upcast" (see `dot`)."""
+def precision(dtype, device_type, float32="ieee"):
+    """The kernels' PREC constant: half precision as it is; bfloat16 in the interpreter "upcast" (see `dot`);
+    float32 in IEEE products in the interpreter, and on a GPU `float32`: "ieee" (TF32, the GPU default, would cost
+    float32 calls their 1e-5 agreement), or "tf32x3" (three TF32 products per product, ~1e-7 relative, on the
+    tensor cores) where no cancelling sum amplifies that error (FiSH; MGK's scores are such a sum)."""
     if dtype == torch.float32:
-        return "ieee"
+        return "ieee" if device_type == "cpu" else float32
     return "upcast" if dtype == torch.bfloat16 and device_type == "cpu" else None
 
 
