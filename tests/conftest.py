@@ -163,3 +163,18 @@ def run_bounded(command, env, timeout):
         pytest.fail(f"{' '.join(command[:6])} ... did not finish in {timeout}s; the stacks of its processes "
                     f"(faulthandler, on SIGABRT):\n{err[-12000:]}")
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+def triton_devices():
+    """The devices the Triton kernels' tests run on, as pytest parameters: the CPU in Triton's interpreter (unless
+    HF_MGK_TEST_CUDA=1 asked for the compiled kernels), and a CUDA GPU, marked `cuda`, where HF_MGK_TEST_CUDA=1
+    and one is present."""
+    from hf_mgk import attention_triton as at
+
+    cuda = os.environ.get("HF_MGK_TEST_CUDA", "0") not in ("", "0") and torch.cuda.is_available()
+    return [
+        pytest.param("cpu", id="interpreter", marks=pytest.mark.skipif(
+            not at.interpreting(), reason="TRITON_INTERPRET is not set (HF_MGK_TEST_CUDA=1)")),
+        pytest.param("cuda", id="cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+            not cuda, reason="no CUDA GPU (or HF_MGK_TEST_CUDA unset)")]),
+    ]

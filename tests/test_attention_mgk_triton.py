@@ -17,20 +17,14 @@ import torch
 
 pytest.importorskip("triton")
 
-from conftest import assert_close  # noqa: E402
+from conftest import assert_close, triton_devices  # noqa: E402
 from hf_mgk import attention_mgk as am  # noqa: E402
 from hf_mgk import attention_mgk_triton as amt  # noqa: E402
 from hf_mgk import attention_triton as at  # noqa: E402
 from hf_mgk.attention_mgk import choose_backend, mgk_attention, smgk_attention  # noqa: E402
 from hf_mgk.reference import mgk_attention_reference, smgk_attention_reference  # noqa: E402
 
-CUDA = os.environ.get("HF_MGK_TEST_CUDA", "0") not in ("", "0") and torch.cuda.is_available()
-DEVICES = [
-    pytest.param("cpu", id="interpreter", marks=pytest.mark.skipif(
-        not at.interpreting(), reason="TRITON_INTERPRET is not set (HF_MGK_TEST_CUDA=1)")),
-    pytest.param("cuda", id="cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
-        not CUDA, reason="no CUDA GPU (or HF_MGK_TEST_CUDA unset)")]),
-]
+DEVICES = triton_devices()
 B = 2
 
 

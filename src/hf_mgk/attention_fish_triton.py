@@ -43,6 +43,8 @@ from .attention_triton import LOG2E, precision, tl, triton, tuned_blocks
 if triton is not None:
     from .attention_triton import dot as _dot
     from .attention_triton import keep as _keep
+    from .attention_triton import key_end as _key_end
+    from .attention_triton import query_start as _query_start
 
     _LOG2E = tl.constexpr(LOG2E)  # a kernel reads only constexpr globals
 
@@ -167,9 +169,7 @@ if triton is not None:
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-        hi = S
-        if CAUSAL:
-            hi = tl.minimum(S, start_m + BLOCK_M + S - N)
+        hi = _key_end(start_m, BLOCK_M, N, S, CAUSAL)
         for start_n in range(0, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             k3 = _load3(K, b, offs_k, offs_n, offs_d, M, S, D)
@@ -232,9 +232,7 @@ if triton is not None:
         dw1 = tl.zeros([HP, MP], tl.float32)
         db1 = tl.zeros([HP], tl.float32)
         dsig = tl.zeros([MP], tl.float32)
-        hi = S
-        if CAUSAL:
-            hi = tl.minimum(S, start_m + BLOCK_M + S - N)
+        hi = _key_end(start_m, BLOCK_M, N, S, CAUSAL)
         for j in range(H):
             bh = b * H + j
             do = tl.load(DO + (bh * N + offs_m[:, None]) * DV + offs_dv[None, :],
@@ -295,9 +293,7 @@ if triton is not None:
         dk3 = tl.zeros([MP, BLOCK_N, BLOCK_D], tl.float32)
         unused = tl.zeros([HP], tl.float32)
         unused2 = tl.zeros([HP, MP], tl.float32)
-        lo = 0
-        if CAUSAL:  # the first query that sees key start_n: i >= j - (S - N)
-            lo = tl.maximum(0, start_n - (S - N)) // BLOCK_M * BLOCK_M
+        lo = _query_start(start_n, BLOCK_M, N, S, CAUSAL)
         for j in range(H):
             bh = b * H + j
             v = tl.load(V + (bh * S + offs_n[:, None]) * DV + offs_dv[None, :],

@@ -44,6 +44,8 @@ from .attention_triton import LOG2E, MAX_HEAD_SIZE, available, precision, refusa
 if triton is not None:
     from .attention_triton import dot as _dot
     from .attention_triton import keep as _keep
+    from .attention_triton import key_end as _key_end
+    from .attention_triton import query_start as _query_start
 
 __all__ = ["MAX_HEAD_SIZE", "available", "block_sizes", "mgk_triton", "refusal"]
 
@@ -95,9 +97,7 @@ if triton is not None:
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-        hi = S
-        if CAUSAL:
-            hi = tl.minimum(S, start_m + BLOCK_M + S - N)
+        hi = _key_end(start_m, BLOCK_M, N, S, CAUSAL)
         for start_n in range(0, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             qk0 = q  # placeholder where the keys have their own products
@@ -162,9 +162,7 @@ if triton is not None:
         k_base = K + bh * (S * D if SHARED else M * S * D)
         dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         dx = tl.zeros([BLOCK_M, MP], tl.float32)  # column r: the row sums of dL_r
-        hi = S
-        if CAUSAL:
-            hi = tl.minimum(S, start_m + BLOCK_M + S - N)
+        hi = _key_end(start_m, BLOCK_M, N, S, CAUSAL)
         for start_n in range(0, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             v = tl.load(V + bh * S * DV + offs_n[:, None] * DV + offs_dv[None, :],
@@ -239,9 +237,7 @@ if triton is not None:
         dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
         dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
         dy = tl.zeros([BLOCK_N], tl.float32)
-        lo = 0
-        if CAUSAL:  # the first query that sees key start_n: i >= j - (S - N)
-            lo = tl.maximum(0, start_n - (S - N)) // BLOCK_M * BLOCK_M
+        lo = _query_start(start_n, BLOCK_M, N, S, CAUSAL)
         for start_m in range(lo, N, BLOCK_M):
             offs_m = start_m + tl.arange(0, BLOCK_M)
             rows = offs_m < N

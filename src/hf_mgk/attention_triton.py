@@ -94,3 +94,21 @@ if triton is not None:
         draw per (batch x head, query, key), keyed by the call's seed, so the forward and the backward kernels draw
         the same numbers."""
         return tl.rand(seed + bh, offs_m[:, None] * S + offs_n[None, :]) >= P_DROP
+
+    @triton.jit
+    def key_end(start_m, BLOCK_M, N, S, CAUSAL: tl.constexpr):
+        """The end of the keys a block of query rows from start_m may see: all S, or causal (bottom-right aligned:
+        query i sees key j <= i + S - N) up to its last row's."""
+        end = S
+        if CAUSAL:
+            end = tl.minimum(S, start_m + BLOCK_M + S - N)
+        return end
+
+    @triton.jit
+    def query_start(start_n, BLOCK_M, N, S, CAUSAL: tl.constexpr):
+        """The first block of query rows (a multiple of BLOCK_M) that sees a key from start_n on: 0, or causal the
+        block of the first query i >= start_n - (S - N)."""
+        start = 0
+        if CAUSAL:
+            start = tl.maximum(0, start_n - (S - N)) // BLOCK_M * BLOCK_M
+        return start
