@@ -178,3 +178,17 @@ def triton_devices():
         pytest.param("cuda", id="cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
             not cuda, reason="no CUDA GPU (or HF_MGK_TEST_CUDA unset)")]),
     ]
+
+
+def check_environment_refusals(monkeypatch, refused, module):
+    """What the Triton backend of `module` (attention_mgk, attention_fish) refuses because of where it is called:
+    inside a trace or compile, on CPU tensors outside the interpreter, without Triton. `refused(why)` makes the
+    default call and checks its ValueError names `why`."""
+    from hf_mgk import attention_triton as at
+
+    for target, name, value, why in [(module, "is_tracing", lambda: True, "tracing or compiling"),
+                                     (at, "interpreting", lambda: False, "a CPU tensor outside Triton's interpreter"),
+                                     (at, "triton", None, "triton is not installed")]:
+        with monkeypatch.context() as patch:
+            patch.setattr(target, name, value)
+            refused(why)

@@ -18,7 +18,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from conftest import assert_close, triton_devices  # noqa: E402
+from conftest import assert_close, check_environment_refusals, triton_devices  # noqa: E402
 from hf_mgk import attention_fish as af  # noqa: E402
 from hf_mgk import attention_fish_triton as aft  # noqa: E402
 from hf_mgk import attention_triton as at  # noqa: E402
@@ -235,17 +235,9 @@ def test_what_the_kernels_refuse_is_a_clear_error(monkeypatch):
     refused("head size 256", torch.randn(1, 2, 5, 256), torch.randn(1, 2, 5, 256), torch.randn(1, H, 5, 8),
             args[3])
     with monkeypatch.context() as patch:
-        patch.setattr(af, "is_tracing", lambda: True)
-        refused("tracing or compiling")
-    with monkeypatch.context() as patch:
         patch.setattr(af, "counters", lambda *a: 2**31)
         refused("sequences this long")
-    with monkeypatch.context() as patch:
-        patch.setattr(at, "interpreting", lambda: False)
-        refused("a CPU tensor outside Triton's interpreter")
-    with monkeypatch.context() as patch:
-        patch.setattr(at, "triton", None)
-        refused("triton is not installed")
+    check_environment_refusals(monkeypatch, refused, af)
 
 
 def test_auto_takes_triton_on_cuda_for_what_it_covers():

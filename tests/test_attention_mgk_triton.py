@@ -17,7 +17,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from conftest import assert_close, triton_devices  # noqa: E402
+from conftest import assert_close, check_environment_refusals, triton_devices  # noqa: E402
 from hf_mgk import attention_mgk as am  # noqa: E402
 from hf_mgk import attention_mgk_triton as amt  # noqa: E402
 from hf_mgk import attention_triton as at  # noqa: E402
@@ -229,15 +229,7 @@ def test_triton_refusals(monkeypatch):
     refused("variances that need a gradient", variances=torch.tensor(_variances(2, 16), requires_grad=True))
     refused("head size 256", torch.randn(1, 1, 3, 256), torch.randn(1, 1, 2, 3, 256), torch.randn(1, 1, 3, 8))
     refused("torch.float64", *[t.detach().double() for t in leaves])
-    with monkeypatch.context() as patch:
-        patch.setattr(am, "is_tracing", lambda: True)
-        refused("tracing or compiling")
-    with monkeypatch.context() as patch:
-        patch.setattr(at, "interpreting", lambda: False)
-        refused("a CPU tensor outside Triton's interpreter")
-    with monkeypatch.context() as patch:
-        patch.setattr(at, "triton", None)
-        refused("triton is not installed")
+    check_environment_refusals(monkeypatch, refused, am)
     # and smgk_attention the same way
     q, key, shift, v = _inputs(5, 5, 2, 16, 16, True, "learned", "cpu")[0]
     with pytest.raises(ValueError, match="backend 'triton' cannot run this call: return_weights"):

@@ -45,6 +45,7 @@ if triton is not None:
     from .attention_triton import keep as _keep
     from .attention_triton import key_end as _key_end
     from .attention_triton import query_start as _query_start
+    from .attention_triton import softmax_state as _softmax_state
 
     _LOG2E = tl.constexpr(LOG2E)  # a kernel reads only constexpr globals
 
@@ -166,9 +167,7 @@ if triton is not None:
         offs_m = start_m + tl.arange(0, BLOCK_M)
         offs_k, offs_d, offs_dv = tl.arange(0, MP), tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
         q3 = _load3(Q, b, offs_k, offs_m, offs_d, M, N, D)
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+        m_i, l_i, acc = _softmax_state(BLOCK_M, BLOCK_DV)
         hi = _key_end(start_m, BLOCK_M, N, S, CAUSAL)
         for start_n in range(0, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)

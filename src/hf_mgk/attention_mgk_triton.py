@@ -46,6 +46,7 @@ if triton is not None:
     from .attention_triton import keep as _keep
     from .attention_triton import key_end as _key_end
     from .attention_triton import query_start as _query_start
+    from .attention_triton import softmax_state as _softmax_state
 
 __all__ = ["MAX_HEAD_SIZE", "available", "block_sizes", "mgk_triton", "refusal"]
 
@@ -94,9 +95,7 @@ if triton is not None:
         q = tl.load(Q + bh * N * D + offs_m[:, None] * D + offs_d[None, :], mask=(offs_m < N)[:, None] & n_q[None, :],
                     other=0.0)
         k_base = K + bh * (S * D if SHARED else M * S * D)
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+        m_i, l_i, acc = _softmax_state(BLOCK_M, BLOCK_DV)
         hi = _key_end(start_m, BLOCK_M, N, S, CAUSAL)
         for start_n in range(0, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)

@@ -112,3 +112,9 @@ if triton is not None:
         if CAUSAL:
             start = tl.maximum(0, start_n - (S - N)) // BLOCK_M * BLOCK_M
         return start
+
+    @triton.jit
+    def softmax_state(BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
+        """The online softmax's start for a block of query rows: running maximum -inf, sum 0, output 0."""
+        return (tl.full([BLOCK_M], float("-inf"), tl.float32), tl.zeros([BLOCK_M], tl.float32),
+                tl.zeros([BLOCK_M, BLOCK_DV], tl.float32))
