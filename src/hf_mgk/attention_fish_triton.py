@@ -90,6 +90,15 @@ if triton is not None:
                        + offs_d[None, None, :], mask=mask, other=0.0)
 
     @triton.jit
+    def _own_block(X, R, M, D, BLOCK: tl.constexpr, MP: tl.constexpr, BLOCK_D: tl.constexpr):
+        """A backward program's own block of rows of X (B, M, R, D), the batch from program axis 0 and the block from
+        axis 1: (b, the rows' offsets, the (MP, BLOCK, BLOCK_D) tile, a float32 zero accumulator of its shape)."""
+        b = tl.program_id(0)
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        tile = _load3(X, b, tl.arange(0, MP), offs, tl.arange(0, BLOCK_D), M, R, D)
+        return b, offs, tile, tl.zeros([MP, BLOCK, BLOCK_D], tl.float32)
+
+    @triton.jit
     def _linear_noise(seed, b, j, H, offs_m, offs_n, S):
         return tl.randn(seed + b * H + j, offs_m[:, None] * S + offs_n[None, :])
 
@@ -219,15 +228,12 @@ if triton is not None:
                       BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
         """dq_k = scale sum_j sum_s dX_jk k_k for one block of query rows, and this program's shares of the mixing's
         gradients (per local head into DWP / DSP / DW2P / DB2P, summed over the heads into DW1P / DB1P / DSIGP)."""
-        b = tl.program_id(0)
+        b, offs_m, q3, dq3 = _own_block(Q, N, M, D, BLOCK_M, MP, BLOCK_D)
         prog = b * tl.num_programs(1) + tl.program_id(1)
         start_m = tl.program_id(1) * BLOCK_M
-        offs_m = start_m + tl.arange(0, BLOCK_M)
         offs_k, offs_h = tl.arange(0, MP), tl.arange(0, HP)
         offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
         rows = offs_m < N
-        q3 = _load3(Q, b, offs_k, offs_m, offs_d, M, N, D)
-        dq3 = tl.zeros([MP, BLOCK_M, BLOCK_D], tl.float32)
         dw1 = tl.zeros([HP, MP], tl.float32)
         db1 = tl.zeros([HP], tl.float32)
         dsig = tl.zeros([MP], tl.float32)
@@ -282,14 +288,11 @@ if triton is not None:
                        PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                        BLOCK_DV: tl.constexpr):
         """For one block of keys: dk_k = scale sum_j sum_i dX_jk^T q_k and each local head's dv_j = P_j^T dO_j."""
-        b = tl.program_id(0)
+        b, offs_n, k3, dk3 = _own_block(K, S, M, D, BLOCK_N, MP, BLOCK_D)
         start_n = tl.program_id(1) * BLOCK_N
-        offs_n = start_n + tl.arange(0, BLOCK_N)
         offs_k, offs_h = tl.arange(0, MP), tl.arange(0, HP)
         offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
         cols = offs_n < S
-        k3 = _load3(K, b, offs_k, offs_n, offs_d, M, S, D)
-        dk3 = tl.zeros([MP, BLOCK_N, BLOCK_D], tl.float32)
         unused = tl.zeros([HP], tl.float32)
         unused2 = tl.zeros([HP, MP], tl.float32)
         lo = _query_start(start_n, BLOCK_M, N, S, CAUSAL)
