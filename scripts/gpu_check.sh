@@ -3,7 +3,8 @@
 # environment (bash scripts/setup.sh, or torch + triton + this package installed):
 #   1. the kernels' correctness tests compiled on the GPU (pytest -m cuda: every output and gradient against the
 #      references, as the CPU suite runs them in Triton's interpreter);
-#   2. one tuning pass of the block sizes (python -m hf_mgk.benchmark.tune), whose choice the tables then use;
+#   2. one tuning pass of the block sizes (python -m hf_mgk.benchmark.tune: 4 candidates for each family, their
+#      compilation most of its time), whose choice the tables then use;
 #   3. the attention-alone tables in bf16, B = 8, D = 64, N = 1024 and 4096, forward + backward, every path and SDPA
 #      alternating in one process (--interleave), the Triton path ("auto") beside the eager one ("..., eager").
 # Everything is written under the folder given (default gpu_check/); each step is bounded so the whole ends in under
@@ -19,10 +20,10 @@ $PY -c "import hf_mgk" 2>/dev/null || export PYTHONPATH="$PWD/src${PYTHONPATH:+:
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" \
     | tee "$OUT/device.txt"
 # the kernels compile per constant set: spread the tests over processes where pytest-xdist is there
-XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 8")
-HF_MGK_TEST_CUDA=1 timeout 180 $PY -m pytest -q -m cuda -p no:cacheprovider $XDIST \
+XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 16")
+HF_MGK_TEST_CUDA=1 timeout 190 $PY -m pytest -q -m cuda -p no:cacheprovider $XDIST \
     tests/test_attention_mgk_triton.py tests/test_attention_fish_triton.py 2>&1 | tail -40 | tee "$OUT/pytest.txt"
-timeout 90 $PY -m hf_mgk.benchmark.tune --device cuda --dtype bf16 --repeats 10 2>&1 | tee "$OUT/tune.txt"
+timeout 100 $PY -m hf_mgk.benchmark.tune --device cuda --dtype bf16 --repeats 10 2>&1 | tee "$OUT/tune.txt"
 BLOCKS=$(grep '^HF_MGK_TRITON_BLOCKS=' "$OUT/tune.txt" | tail -1 | cut -d= -f2-)
 [ -n "$BLOCKS" ] && export HF_MGK_TRITON_BLOCKS="$BLOCKS"
 for family in mgk fish; do

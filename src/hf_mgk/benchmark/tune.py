@@ -3,7 +3,7 @@ step of each family (forward + backward, the triton backend), the candidates' st
 (the kernels read HF_MGK_TRITON_BLOCKS at each call: attention_triton.tuned_blocks), the median per candidate. Prints
 a table per family and, last, the line to export so that later runs take the fastest:
 
-    python -m hf_mgk.benchmark.tune --device cuda --dtype bf16            # B = 8, N = 4096, D = 64
+    python -m hf_mgk.benchmark.tune --device cuda --dtype bf16            # B = 8, N = 4096, D = 64, 4 candidates
     HF_MGK_TRITON_BLOCKS=mgk=64x64,fish=64x32                              # (its last line)
 
 A candidate the GPU cannot run (too many registers or too much shared memory) is reported and skipped."""
@@ -17,7 +17,8 @@ import torch
 from . import measure, models
 from .attention import fish_attention_step, mgk_attention_step
 
-CANDIDATES = ((32, 32), (64, 32), (32, 64), (64, 64), (128, 32), (128, 64))
+# Each candidate compiles the kernels anew (seconds each), so few: the defaults' neighbours.
+CANDIDATES = ((64, 64), (64, 32), (32, 64), (128, 64))
 # What each family's candidates are timed on: the attention-alone tables' first path, with the triton backend.
 FAMILY_STEPS = {
     "mgk": lambda a: mgk_attention_step("MGK soft", a.heads, a.length, a.batch, a.head_dim, backend="triton"),
