@@ -8,7 +8,9 @@
 #   3. the attention-alone tables in bf16, B = 8, D = 64, N = 1024 and 4096, forward + backward, every path and SDPA
 #      alternating in one process (--interleave), the Triton path ("auto") beside the eager one ("..., eager").
 # Everything is written under the folder given (default gpu_check/); each step is bounded so the whole ends in under
-# 8 minutes. PYTHON picks the interpreter (default .venv/bin/python, else python3: a machine with torch, triton,
+# 8 minutes. `bash scripts/gpu_check.sh OUT models` then times the whole 2-layer models (width 512, B 8, N 1024,
+# bf16 autocast, their steps alternating) against their baselines, with the block sizes OUT/tune.txt chose (~3
+# minutes more). PYTHON picks the interpreter (default .venv/bin/python, else python3: a machine with torch, triton,
 # transformers and pytest, such as a lent device machine, runs this package from src/ without installing it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +19,15 @@ OUT=${1:-gpu_check}
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 $PY -c "import hf_mgk" 2>/dev/null || export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+if [ "${2:-}" = models ]; then
+    BLOCKS=$(grep -s '^HF_MGK_TRITON_BLOCKS=' "$OUT/tune.txt" | tail -1 | cut -d= -f2-)
+    [ -n "$BLOCKS" ] && export HF_MGK_TRITON_BLOCKS="$BLOCKS"
+    for family in mgk fish mgk-gpt2; do
+        timeout 90 $PY scripts/benchmark.py --family "$family" --models-only --device cuda --dtype bf16 --interleave \
+            --lengths 1024 --batch 8 --heads 8 --repeats 10 2>&1 | tee "$OUT/models_$family.txt"
+    done
+    exit 0
+fi
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" \
     | tee "$OUT/device.txt"
 # the kernels compile per constant set: spread the tests over processes where pytest-xdist is there
