@@ -240,6 +240,19 @@ def test_what_the_kernels_refuse_is_a_clear_error(monkeypatch):
     check_environment_refusals(monkeypatch, refused, af)
 
 
+def test_hf_mgk_triton_0_switches_the_kernels_off(monkeypatch):
+    """HF_MGK_TRITON=0: auto keeps the torch paths on a GPU too, and asking for the kernels says why they cannot run."""
+    monkeypatch.delenv("HF_MGK_TRITON", raising=False)
+    assert at.available() == (at.triton is not None)
+    monkeypatch.setenv("HF_MGK_TRITON", "0")
+    assert not at.available()
+    args, kwargs, _ = _case("hard_fish", 2, 5, 5, 16, 16, False, "cpu")
+    with pytest.raises(ValueError, match="HF_MGK_TRITON=0 switched the kernels off"):
+        fish_attention(*args, **kwargs, backend="triton")
+    monkeypatch.setenv("HF_MGK_TRITON", "1")
+    assert at.available()
+
+
 def test_auto_takes_triton_on_cuda_for_what_it_covers():
     """backend="auto": the kernels on a CUDA GPU with Triton for every FiSH type, with noise, dropout, padding and
     autocast; today's paths for what they do not cover, and always on the CPU (the interpreter is for tests)."""

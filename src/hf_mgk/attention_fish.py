@@ -93,7 +93,7 @@ def _triton_refusal(*, mixing, return_weights, device_type, dtype, tracing, mask
                     counter, **_):
     """Why the Triton kernels cannot run a call (None: they can)."""
     if not triton:
-        return "triton is not installed"
+        return "triton is not installed (or HF_MGK_TRITON=0 switched the kernels off)"
     return ("return_weights (only 'blocked' forms the weights)" if return_weights
             else "a mixing network other than make_gfish_mixing's" if mixing == "module"
             else "a whole 4-D mask" if mask == "pairs"

@@ -85,7 +85,7 @@ def choose_backend(*, e_step, return_weights, device_type, dtype, autocast, trac
 def _triton_refusal(*, return_weights, device_type, dtype, tracing, mask, triton, head_size, variance_grad, **_):
     """Why the Triton kernels cannot run a call (None: they can); `triton`: whether Triton is installed."""
     if not triton:
-        return "triton is not installed"
+        return "triton is not installed (or HF_MGK_TRITON=0 switched the kernels off)"
     return ("return_weights (only 'dense' forms the weights)" if return_weights
             else "a whole 4-D mask" if mask == "pairs"
             else "tracing or compiling (an outer trace cannot see into the kernels)" if tracing

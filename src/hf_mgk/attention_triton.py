@@ -30,8 +30,9 @@ LOG2E = 1.4426950408889634
 
 
 def available():
-    """Whether Triton imported."""
-    return triton is not None
+    """Whether the kernels can be used: Triton imported, and HF_MGK_TRITON is not set to 0 (the switch that keeps
+    every call on the torch paths, e.g. to compare with them or to rule the kernels out)."""
+    return triton is not None and os.environ.get("HF_MGK_TRITON", "1").strip() not in ("0", "")
 
 
 # Triton decides at import whether @triton.jit compiles or interprets: what the environment said then counts.
