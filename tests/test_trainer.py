@@ -92,11 +92,12 @@ def test_a_rank_under_a_launcher_leaves_without_the_interpreters_teardown():
 
     code = ("import atexit\nfrom hf_mgk.training import run_script\natexit.register(lambda: print('teardown'))\n"
             "def main():\n    print('work', end='')\n    {}\nrun_script(main)\n")
-    run = lambda body, **env: subprocess.run(  # noqa: E731
-        [sys.executable, "-c", code.format(body)], env={**os.environ, **env}, capture_output=True, text=True,
-        timeout=120)
-    ranked, alone = run("pass", WORLD_SIZE="2"), run("pass")
-    assert (ranked.returncode, ranked.stdout) == (0, "work")
-    assert (alone.returncode, alone.stdout) == (0, "workteardown\n")
-    failed = run("raise RuntimeError('broken')", WORLD_SIZE="2")
-    assert failed.returncode == 1 and "RuntimeError: broken" in failed.stderr
+    def start(body, **env):  # the three interpreters run at once: each spends seconds importing transformers
+        return subprocess.Popen([sys.executable, "-c", code.format(body)], env={**os.environ, **env},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    procs = [start("pass", WORLD_SIZE="2"), start("pass"), start("raise RuntimeError('broken')", WORLD_SIZE="2")]
+    (ranked, _), (alone, _), (_, failed) = (p.communicate(timeout=120) for p in procs)
+    assert (procs[0].returncode, ranked) == (0, "work")
+    assert (procs[1].returncode, alone) == (0, "workteardown\n")
+    assert procs[2].returncode == 1 and "RuntimeError: broken" in failed
