@@ -19,6 +19,7 @@ OUT=${1:-gpu_check}
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 $PY -c "import hf_mgk" 2>/dev/null || export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+$PY -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || { echo "gpu_check: no CUDA GPU here" >&2; exit 1; }
 if [ "${2:-}" = models ]; then
     BLOCKS=$(grep -s '^HF_MGK_TRITON_BLOCKS=' "$OUT/tune.txt" | tail -1 | cut -d= -f2-)
     [ -n "$BLOCKS" ] && export HF_MGK_TRITON_BLOCKS="$BLOCKS"
