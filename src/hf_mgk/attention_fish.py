@@ -25,8 +25,8 @@ Four exact backends compute it (`choose_backend` picks one for backend="auto"):
               or CPU tensors in Triton's interpreter (TRITON_INTERPRET=1 set before triton is imported). Its noise
               is drawn inside the kernels (counter-based, from one seed drawn from `generator`): the same
               distribution as the other backends', other numbers.
-A fourth, "compiled" (torch.compile / inductor), was measured slower than these everywhere and removed; asking for
-it is a ValueError that says so.
+A fifth, "compiled" (torch.compile / inductor), was measured slower than the eager ones everywhere and removed;
+asking for it is a ValueError that says so.
 The plain reference the tests hold these to is in `hf_mgk.reference` (not part of this file).
 
 This file imports only the standard library, torch and its siblings, so it can be copied next to HuggingFace
@@ -91,20 +91,15 @@ def choose_backend(*, mixing, noise, dropout, return_weights, device_type, dtype
 
 def _triton_refusal(*, mixing, return_weights, device_type, dtype, tracing, mask, triton, head_size, num_global,
                     counter, **_):
-    """Why the Triton kernels cannot run a call (None: they can)."""
-    if not triton:
-        return "triton is not installed (or HF_MGK_TRITON=0 switched the kernels off)"
-    return ("return_weights (only 'blocked' forms the weights)" if return_weights
-            else "a mixing network other than make_gfish_mixing's" if mixing == "module"
-            else "a whole 4-D mask" if mask == "pairs"
-            else "tracing or compiling (an outer trace cannot see into the kernels)" if tracing
-            else f"{dtype} (the kernels take float32, bfloat16 and float16)"
-            if dtype not in (torch.float32, torch.bfloat16, torch.float16)
-            else f"{num_global} global heads (the kernels take up to {MAX_GLOBAL_HEADS})"
-            if num_global > MAX_GLOBAL_HEADS
-            else f"sequences this long (the kernels' random draws count N x S positions, x M for a network's "
-                 f"noise, in 32 bits: {counter} >= 2^31)" if counter >= MAX_COUNTER
-            else triton_refusal(device_type, head_size))
+    """Why the Triton kernels cannot run a call (None: they can); `triton`: whether they can be used at all."""
+    family = ("return_weights (only 'blocked' forms the weights)" if return_weights
+              else "a mixing network other than make_gfish_mixing's" if mixing == "module"
+              else f"{num_global} global heads (the kernels take up to {MAX_GLOBAL_HEADS})"
+              if num_global > MAX_GLOBAL_HEADS
+              else f"sequences this long (the kernels' random draws count N x S positions, x M for a network's "
+                   f"noise, in 32 bits: {counter} >= 2^31)" if counter >= MAX_COUNTER else None)
+    return triton_refusal(device_type, head_size, installed=triton, family=family, mask=mask, tracing=tracing,
+                          dtype=dtype)
 
 
 def _refusals(*, mixing, noise, dropout, return_weights, dtype, autocast, tracing, mask=None, **facts):

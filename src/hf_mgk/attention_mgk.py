@@ -83,16 +83,11 @@ def choose_backend(*, e_step, return_weights, device_type, dtype, autocast, trac
 
 
 def _triton_refusal(*, return_weights, device_type, dtype, tracing, mask, triton, head_size, variance_grad, **_):
-    """Why the Triton kernels cannot run a call (None: they can); `triton`: whether Triton is installed."""
-    if not triton:
-        return "triton is not installed (or HF_MGK_TRITON=0 switched the kernels off)"
-    return ("return_weights (only 'dense' forms the weights)" if return_weights
-            else "a whole 4-D mask" if mask == "pairs"
-            else "tracing or compiling (an outer trace cannot see into the kernels)" if tracing
-            else "variances that need a gradient (sigma is fixed in the Triton kernels)" if variance_grad
-            else f"{dtype} (the kernels take float32, bfloat16 and float16)"
-            if dtype not in (torch.float32, torch.bfloat16, torch.float16)
-            else triton_refusal(device_type, head_size))
+    """Why the Triton kernels cannot run a call (None: they can); `triton`: whether they can be used at all."""
+    family = ("return_weights (only 'dense' forms the weights)" if return_weights
+              else "variances that need a gradient (sigma is fixed in the Triton kernels)" if variance_grad else None)
+    return triton_refusal(device_type, head_size, installed=triton, family=family, mask=mask, tracing=tracing,
+                          dtype=dtype)
 
 
 def _refusals(*, e_step, return_weights, device_type, dtype, autocast, tracing, mask, triton=False, head_size=64,

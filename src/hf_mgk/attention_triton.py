@@ -44,9 +44,21 @@ def interpreting():
     return _INTERPRETED
 
 
-def refusal(device_type, head_size):
-    """Why the kernels, Triton being installed, cannot run on this device / head size (the larger of q / k's and
-    v's; None: they can)."""
+def refusal(device_type, head_size, *, installed=True, family=None, mask=None, tracing=False,
+            dtype=torch.float32):
+    """Why the kernels cannot run a call (None: they can): not `installed` (Triton missing or switched off); the
+    family's own reason (`family`, None for none); a whole 4-D mask (`mask` "pairs"); `tracing` (an outer trace
+    or compile); a dtype they do not take; the device; the head size (the larger of q / k's and v's)."""
+    if not installed:
+        return "triton is not installed (or HF_MGK_TRITON=0 switched the kernels off)"
+    if family is not None:
+        return family
+    if mask == "pairs":
+        return "a whole 4-D mask"
+    if tracing:
+        return "tracing or compiling (an outer trace cannot see into the kernels)"
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return f"{dtype} (the kernels take float32, bfloat16 and float16)"
     if device_type == "cpu" and not interpreting():
         return "a CPU tensor outside Triton's interpreter (set TRITON_INTERPRET=1 before triton is imported)"
     if device_type not in ("cuda", "cpu"):
