@@ -7,8 +7,6 @@ replace the separate ones. A path is a name for one call of the package's attent
 (MGK_PATHS, FISH_PATHS; the backend is one of them: "auto" the package's rule, which on a CUDA GPU with Triton takes
 the Triton kernels for the calls they cover; on a GPU also "eager", the rule without them)."""
 
-import statistics
-
 import torch
 
 from . import measure
@@ -51,14 +49,9 @@ def measure_alone_interleaved(kind, paths, shape, repeats, threads):
         except Exception as err:  # noqa: BLE001 (reported in the table, like a failed child)
             results.append({"error": str(err).splitlines()[0][:120]})
             steps.append(None)
-    times = [[] for _ in steps]
-    for _ in range(repeats):
-        for step, took in zip(steps, times):
-            if step is not None:
-                took.append(measure.step_seconds(step))
-    for result, took in zip(results, times):
-        if took:
-            result["seconds"] = statistics.median(took)
+    for result, seconds in zip(results, measure.alternate(steps, repeats)):
+        if seconds is not None:
+            result["seconds"] = seconds
     return {"rows": results}
 
 
@@ -224,9 +217,8 @@ def fish_attention_step(path, heads, m, length, batch, head_dim, backend=None):
     noise = torch.full((m,), 0.1, requires_grad=True) if kind in FISH_NOISY else None
     if backend == "eager":  # the rule's choice without the Triton kernels
         backend = af.choose_backend(
-            mixing="gfish" if kind.endswith("gfish") else "shared" if kind == "mish" else "heads",
-            noise=noise is not None, dropout=False, return_weights=False, device_type=q.device.type, dtype=q.dtype,
-            autocast=False, requires_grad=True, tracing=False)
+            mixing=af._mixing_kind(mixing), noise=noise is not None, dropout=False, return_weights=False,
+            device_type=q.device.type, dtype=q.dtype, autocast=False, requires_grad=True, tracing=False)
     return lambda: af.fish_attention(q, k, v, mixing, noise_std=noise, is_causal=True, backend=backend).backward(grad)
 
 

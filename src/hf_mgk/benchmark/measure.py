@@ -92,11 +92,18 @@ def measure_interleaved(cases, length, batch, repeats, threads, mode):
     steps = [models.model_step(kind, overrides, length, batch, mode)[2] for kind, overrides in cases]
     for step in steps:
         step()
+    return {"seconds": alternate(steps, repeats)}
+
+
+def alternate(steps, repeats):
+    """`repeats` rounds of one call of each step in turn (None: left out); the median seconds per step, in order
+    (None for one left out or with no round)."""
     times = [[] for _ in steps]
     for _ in range(repeats):
         for step, took in zip(steps, times):
-            took.append(step_seconds(step))
-    return {"seconds": [statistics.median(took) for took in times]}
+            if step is not None:
+                took.append(step_seconds(step))
+    return [statistics.median(took) if took else None for took in times]
 
 
 # ------------------------------------------------------------------ in the parent: the children

@@ -10,7 +10,6 @@ A candidate the GPU cannot run (too many registers or too much shared memory) is
 
 import argparse
 import os
-import statistics
 
 import torch
 
@@ -52,11 +51,8 @@ def tune(family, make_step, candidates, repeats):
             runnable.append(blocks)
         except Exception as err:  # noqa: BLE001 (e.g. triton's OutOfResources: reported, not fatal)
             results[blocks] = str(err).splitlines()[0][:100]
-    times = {blocks: [] for blocks in runnable}
-    for _ in range(repeats):
-        for blocks in runnable:
-            times[blocks].append(_with_blocks(family, blocks, lambda: measure.step_seconds(step)))
-    results.update({blocks: statistics.median(took) for blocks, took in times.items()})
+    steps = [lambda blocks=blocks: _with_blocks(family, blocks, step) for blocks in runnable]
+    results.update(zip(runnable, measure.alternate(steps, repeats)))
     return results
 
 
