@@ -15,6 +15,7 @@ from transformers import Trainer, TrainingArguments
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 import hf_mgk  # noqa: E402
+from hf_mgk import training  # noqa: E402
 import tiny  # noqa: E402 (tests/, this script's folder, is on sys.path)
 
 N_TOKENS = 12
@@ -72,7 +73,7 @@ def train_once(task, per_device_batch, accumulation, output_dir):
     return result.training_loss, flat
 
 
-if __name__ == "__main__":
+def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--task", nargs="+", default=["mlm"], choices=["mlm", "cls", "clm", "clm-mgk"],
                         help="one run per task, in this order, in the same processes")
@@ -86,8 +87,8 @@ if __name__ == "__main__":
         results[task] = {"loss": loss, "params": flat}
     if int(os.environ.get("RANK", "0")) == 0:
         torch.save(results, a.out)
-    if torch.distributed.is_initialized():
-        # Tear gloo down before exit: left to the interpreter's shutdown, its threads sometimes abort the
-        # process ("terminate called without an active exception", exit -6) after the work is done.
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    training.close_distributed()  # gloo torn down before exit, as the scripts do
+
+
+if __name__ == "__main__":
+    training.run_script(main)  # under torchrun: no interpreter teardown, where a rank can hang (as the scripts)

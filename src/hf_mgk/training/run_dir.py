@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 
 import transformers
 from transformers.trainer_utils import get_last_checkpoint
@@ -216,8 +217,6 @@ def run_script(main):
     that teardown torch's worker threads can deadlock on the interpreter's lock (pytorch/pytorch#190489; seen here:
     a rank that saved its model and never exited, and torchrun waiting on it for ever). An exception still ends
     the process as usual, with its traceback and a non-zero status."""
-    import sys
-
     main()
     if "TORCHELASTIC_RUN_ID" in os.environ or int(os.environ.get("WORLD_SIZE", "1")) > 1:
         logging.shutdown()
