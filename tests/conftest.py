@@ -3,6 +3,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 # Nothing in the suite may reach the Hub: set before transformers is imported anywhere.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -123,16 +124,17 @@ def free_port():
         return sock.getsockname()[1]
 
 
-def run_torchrun(script_and_args, env, nproc=2, timeout=300):
+def run_torchrun(script_and_args, env, nproc=2, timeout=180, done=None, grace=30):
     """`python -m torch.distributed.run --nproc_per_node nproc <script_and_args>`, bounded: a rank that never exits
-    (seen twice: one rank left waiting on a futex in the interpreter's teardown after its work was saved, which
-    training.run_script now skips under a launcher) fails the test after `timeout` seconds with the Python stacks
-    of every process still alive, not a hang of the suite. Each process runs with PYTHONFAULTHANDLER=1; on time-out
-    the command and every process below it get SIGABRT, on which faulthandler prints every thread's stack to stderr.
+    fails the test with the Python stacks of every process still alive, not a hang of the suite. `done`: a file
+    the run writes once its work is saved (rank 0's last file); from when it appears the launch has `grace`
+    seconds to end (a rank that deadlocked after saving, as one did in gloo's teardown, is caught within them),
+    and `timeout` bounds the whole launch. Each process runs with PYTHONFAULTHANDLER=1; on time-out the command
+    and every process below it get SIGABRT, on which faulthandler prints every thread's stack to stderr.
     Returns the CompletedProcess otherwise."""
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
                str(free_port()), *map(str, script_and_args)]
-    return run_bounded(command, env, timeout)
+    return run_bounded(command, env, timeout, done=done, grace=grace)
 
 
 def _signal_all(pids, sig):
@@ -143,26 +145,53 @@ def _signal_all(pids, sig):
             pass
 
 
-def run_bounded(command, env, timeout):
-    proc = subprocess.Popen(command, env={**env, "PYTHONFAULTHANDLER": "1"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        # every process below the command, found before any dies: torchrun starts its ranks in sessions of their
-        # own, which the group signal misses, and an orphaned rank would hold the output pipes open for ever
-        import psutil
+def run_bounded(command, env, timeout, done=None, grace=30):
+    """Run `command` (its own session), returning its CompletedProcess; fail the test with every process's stack
+    if it has not ended `timeout` seconds after its start, or `grace` seconds after the file `done` appeared."""
+    import tempfile
 
-        family = [proc.pid] + [child.pid for child in psutil.Process(proc.pid).children(recursive=True)]
-        _signal_all(family, signal.SIGABRT)
-        try:
-            out, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            _signal_all(family, signal.SIGKILL)
-            out, err = proc.communicate()
-        pytest.fail(f"{' '.join(command[:6])} ... did not finish in {timeout}s; the stacks of its processes "
-                    f"(faulthandler, on SIGABRT):\n{err[-12000:]}")
-    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+    # the output goes to files, read at the end: pipes would need reading while the command runs
+    with tempfile.TemporaryFile("w+") as out_file, tempfile.TemporaryFile("w+") as err_file:
+        proc = subprocess.Popen(command, env={**env, "PYTHONFAULTHANDLER": "1"}, stdout=out_file, stderr=err_file,
+                                text=True, start_new_session=True)
+        start = time.monotonic()
+        saved_at = None
+        while proc.poll() is None:
+            now = time.monotonic()
+            if saved_at is None and done is not None and os.path.exists(done):
+                saved_at = now
+            if now - start > timeout or (saved_at is not None and now - saved_at > grace):
+                why = (f"did not finish in {timeout}s" if now - start > timeout else
+                       f"wrote {os.path.basename(done)} and did not exit within {grace}s")
+                _stop_all(proc)
+                err_file.seek(0)
+                pytest.fail(f"{' '.join(command[:6])} ... {why}; the stacks of its processes (faulthandler, on "
+                            f"SIGABRT):\n{err_file.read()[-12000:]}")
+            time.sleep(0.2)
+        out_file.seek(0)
+        err_file.seek(0)
+        return subprocess.CompletedProcess(command, proc.returncode, out_file.read(), err_file.read())
+
+
+def _stop_all(proc):
+    """SIGABRT to `proc` and every process below it, found before any dies (torchrun starts its ranks in sessions
+    of their own, which a group signal misses); SIGKILL to those still alive 60 s later."""
+    import psutil
+
+    family = [proc.pid] + [child.pid for child in psutil.Process(proc.pid).children(recursive=True)]
+    _signal_all(family, signal.SIGABRT)
+    gone, alive = psutil.wait_procs([p for p in map(_process, family) if p is not None], timeout=60)
+    _signal_all([p.pid for p in alive], signal.SIGKILL)
+    proc.wait()
+
+
+def _process(pid):
+    import psutil
+
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
 
 
 def triton_devices():

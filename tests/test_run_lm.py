@@ -606,7 +606,9 @@ def test_torchrun_two_processes_match_one(script, family, length_option, texts, 
     argv[argv.index("--output_dir") + 1] = str(tmp_path / "two")
     argv[argv.index("--per_device_train_batch_size") + 1] = "2"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    proc = run_torchrun([ROOT / "scripts" / f"{script}.py", *argv], env, timeout=300)
+    # trainer_state.json: rank 0's last file; a rank that has not exited 30 s after it hangs
+    proc = run_torchrun([ROOT / "scripts" / f"{script}.py", *argv], env, timeout=180,
+                        done=tmp_path / "two" / "trainer_state.json")
     assert proc.returncode == 0, proc.stderr[-4000:]
     two = losses(tmp_path / "two")
     assert len(one) == 3 and len(set(one)) == 3

@@ -201,30 +201,60 @@ def evaluate_and_save(trainer, dataset, n_samples, prefix="eval", with_perplexit
     return metrics
 
 
+# The process groups close_distributed() took down, kept for the rest of the process: see there.
+_KEPT_GROUPS = []
+# Set by run_script: this process is a script's command, whose rank may leave at the end of its main().
+_LEAVE_WHEN_DONE = False
+
+
+def launched():
+    """Whether a launcher (torchrun, accelerate launch) started this process as one rank of several."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def _leave():
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def close_distributed():
-    """End of a script under torchrun: tear the process group down before the interpreter exits (left to its
-    shutdown, gloo's threads sometimes abort a rank after the work is done)."""
+    """The end of a script's main() under a launcher, once every file is written: all ranks meet at a barrier, and
+    the process group is taken down. A rank run by `run_script` (a script's command) then leaves at once, by
+    os._exit(0) after flushing its logs and output, from inside main(): no frame is torn down after this.
+
+    Why (a rank that had saved its work hung about once in 25 torchrun launches, the main thread in
+    ~ProcessGroupGloo): gloo's worker thread destroys each finished work (here the barrier's, which holds earlier
+    allgathers' tensors) after the caller's wait has returned, and freeing a tensor's Python object needs the GIL.
+    When main()'s frame is torn down, its locals free the DDP model's Reducer, which drops the last reference to
+    the process group; the group's destructor runs in the main thread holding the GIL and waits for the worker's
+    lock, while the worker waits for the GIL: a deadlock (the same as in the interpreter's own teardown). So
+    the groups are also kept alive here for the rest of the process (their destructor never runs in a frame's
+    teardown; a caller of main() that goes on under a launcher is safe too), and a script's rank does not tear
+    down main()'s frame or the interpreter at all."""
     import torch
 
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()
+        _KEPT_GROUPS.append(torch.distributed.group.WORLD)  # the default group, which DDP uses
         torch.distributed.destroy_process_group()
+    if _LEAVE_WHEN_DONE and launched():
+        _leave()
 
 
 def run_script(main):
-    """A training script's command: main(), then, under a launcher (torchrun, accelerate), the rank leaves without the
-    interpreter's teardown once its work is done and written (process group destroyed, logs and output flushed). In
-    that teardown torch's worker threads can deadlock on the interpreter's lock (pytorch/pytorch#190489; seen here:
-    a rank that saved its model and never exited, and torchrun waiting on it for ever). An exception still ends
-    the process as usual, with its traceback and a non-zero status."""
+    """A training script's command: main(), which ends with close_distributed(); under a launcher (torchrun,
+    accelerate) the rank leaves there, without tearing down main()'s frame or the interpreter (see
+    close_distributed), and here too if main() did not call it. Alone, or on an exception (its traceback printed
+    and a non-zero status, as usual), the process ends as any Python program."""
+    global _LEAVE_WHEN_DONE
+    _LEAVE_WHEN_DONE = True
     main()
-    if "TORCHELASTIC_RUN_ID" in os.environ or int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    if launched():
+        _leave()
 
 
 __all__ = ["RUN_FILE", "RESULTS_FILES", "incomplete_checkpoint", "run_identity", "prepare_output_dir", "read_run_identity",
            "write_run_info", "save_metrics", "recorded_results", "train_and_save", "evaluate_and_save", "close_distributed",
-           "run_script"]
+           "run_script", "launched"]
