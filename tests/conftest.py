@@ -221,3 +221,64 @@ def check_environment_refusals(monkeypatch, refused, module):
         with monkeypatch.context() as patch:
             patch.setattr(target, name, value)
             refused(why)
+
+
+class FakeHub:
+    """A local stand-in for the Hub's API as Trainer calls it (`transformers.trainer.hf_api()`): create_repo, and
+    upload_folder, which records each commit as {"message", "files": {relative path: bytes}} of the folder at that
+    moment, honouring ignore_patterns. Nothing leaves the machine."""
+
+    def __init__(self):
+        self.repos, self.commits = [], []
+
+    def create_repo(self, repo_id, token=None, private=None, exist_ok=False, **_):
+        import types
+
+        self.repos.append(repo_id)
+        return types.SimpleNamespace(repo_id=repo_id)
+
+    def upload_folder(self, repo_id, folder_path, commit_message=None, ignore_patterns=None, run_as_future=False,
+                      **_):
+        import fnmatch
+        import pathlib
+
+        files = {}
+        for path in sorted(pathlib.Path(folder_path).rglob("*")):
+            rel = path.relative_to(folder_path).as_posix()
+            if path.is_file() and not any(fnmatch.fnmatch(rel, p) or fnmatch.fnmatch(rel.split("/")[0], p)
+                                          for p in ignore_patterns or ()):
+                files[rel] = path.read_bytes()
+        self.commits.append({"repo_id": repo_id, "message": commit_message, "files": files})
+        if run_as_future:
+            from concurrent.futures import Future
+
+            done = Future()
+            done.set_result(None)
+            return done
+        return None
+
+
+@pytest.fixture
+def fake_hub(monkeypatch):
+    import transformers.trainer
+
+    hub = FakeHub()
+    monkeypatch.setattr(transformers.trainer, "hf_api", lambda *a, **k: hub)
+    return hub
+
+
+def check_final_push(hub, repo_id, family, pipeline_tag, metric):
+    """The run's last upload ends it, after evaluation: its README.md is the family's model card (the template's
+    tags, the pipeline tag, the run's `metric` in the model-index), sent with the results files."""
+    import yaml
+
+    assert hub.commits and hub.commits[-1]["message"] == "End of training", [c["message"] for c in hub.commits]
+    last = hub.commits[-1]
+    assert last["repo_id"] == repo_id and {"config.json", "model.safetensors", "eval_results.json"} <= set(last["files"])
+    card = last["files"]["README.md"].decode()
+    meta = yaml.safe_load(card.split("---\n")[1])
+    assert meta["pipeline_tag"] == pipeline_tag and "hf-mgk" in meta["tags"] and family in meta["tags"]
+    metrics = [m for entry in meta["model-index"] for r in entry["results"] for m in r["metrics"]]
+    assert any(m["name"] == metric for m in metrics), metrics
+    assert "trust_remote_code=True" in card and repo_id in card
+    return meta, card

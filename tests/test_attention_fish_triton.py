@@ -253,6 +253,25 @@ def test_hf_mgk_triton_0_switches_the_kernels_off(monkeypatch):
     assert at.available()
 
 
+@pytest.mark.parametrize("value, on", [("0", False), ("false", False), ("OFF", False), ("No", False), (" off ", False),
+                                       ("1", True), ("true", True), ("On", True), ("YES", True), ("", True)])
+def test_hf_mgk_triton_reads_the_ways_users_write_a_switch(monkeypatch, value, on):
+    monkeypatch.setenv("HF_MGK_TRITON", value)
+    assert at.switched_on() is on
+    assert at.available() == (on and at.triton is not None)
+
+
+@pytest.mark.parametrize("value", ["2", "disable", "fals"])
+def test_hf_mgk_triton_other_values_are_an_error_naming_it(monkeypatch, value):
+    """A typo must not leave the kernels on: the next attention call says what the variable takes."""
+    monkeypatch.setenv("HF_MGK_TRITON", value)
+    with pytest.raises(ValueError, match=f"HF_MGK_TRITON='{value}' is not a switch: set it to 0 / false / off"):
+        at.available()
+    args, kwargs, _ = _case("hard_fish", 2, 5, 5, 16, 16, False, "cpu")
+    with pytest.raises(ValueError, match="HF_MGK_TRITON"):
+        fish_attention(*args, **kwargs)
+
+
 def test_auto_takes_triton_on_cuda_for_what_it_covers():
     """backend="auto": the kernels on a CUDA GPU with Triton for every FiSH type, with noise, dropout, padding and
     autocast; today's paths for what they do not cover, and always on the CPU (the interpreter is for tests)."""

@@ -236,6 +236,49 @@ def test_triton_refusals(monkeypatch):
         smgk_attention(q, key, shift, v, variances=_variances(2, 16), backend="triton", return_weights=True)
 
 
+def test_more_than_four_keys_stay_off_the_kernels():
+    """The kernels are tested for M = 1 to 4: auto keeps M >= 5 on the torch paths even on a GPU, and asking for
+    the kernels says why."""
+    call = dict(e_step="soft", return_weights=False, device_type="cuda", dtype=torch.float32, autocast=False,
+                tracing=False, mask=None, triton=True)
+    assert choose_backend(**call, num_keys=4) == "triton"
+    assert choose_backend(**call, num_keys=5) == "sdpa"
+    assert choose_backend(**{**call, "e_step": "hard"}, num_keys=5) == "dense"
+    q, v = torch.randn(1, 1, 3, 8), torch.randn(1, 1, 3, 8)
+    with pytest.raises(ValueError, match=r"backend 'triton' cannot run this call: 5 keys per position \(the "
+                                         r"kernels are tested for M = 1 to 4\)"):
+        mgk_attention(q, torch.randn(1, 1, 5, 3, 8), v, variances=_variances(5, 8), backend="triton")
+
+
+def test_a_fallback_from_the_kernels_is_said_once_with_its_reason(monkeypatch, caplog):
+    """On a GPU with the kernels installed and switched on, auto taking a torch path because the kernels refuse
+    the call says so once per reason, at INFO; nothing is said where the kernels are off or never apply."""
+    from hf_mgk import attention_blocks as ab
+
+    monkeypatch.setattr(ab, "_FALLBACKS_SAID", set())
+    monkeypatch.setattr(am, "triton_available", lambda: True)
+    facts = dict(e_step="soft", return_weights=False, device_type="cuda", dtype=torch.float32, autocast=False,
+                 tracing=False, mask="pairs", triton=True)
+
+    def auto(**extra):
+        call = {**facts, **extra}
+        return ab.resolve_backend("auto", choose_backend(**call), am._refusals(**call), device_type="cuda")
+
+    with caplog.at_level("INFO", logger="hf_mgk.attention_blocks"):
+        assert auto() == "sdpa" and auto() == "sdpa"        # a 4-D mask, twice: said once
+        assert auto(mask=None, tracing=True) == "sdpa"      # traced / exported
+        assert auto(mask=None, variance_grad=True) == "sdpa"
+        assert auto(mask=None, return_weights=True) == "dense"
+        assert auto(mask=None) == "triton"                  # the kernels run: nothing to say
+        assert auto(triton=False) == "sdpa"                 # switched off or not installed: the user's choice
+        ab.resolve_backend("auto", "blocked", am._refusals(**{**facts, "device_type": "cpu"}), device_type="cpu")
+    said = [r.getMessage() for r in caplog.records if r.levelname == "INFO"]
+    assert len(said) == 4, said
+    for reason in ("a whole 4-D mask", "tracing or compiling", "variances that need a gradient", "return_weights"):
+        assert sum(reason in line for line in said) == 1, (reason, said)
+    assert all("the Triton kernels do not run this attention call" in line for line in said)
+
+
 def test_auto_never_takes_triton_on_the_cpu():
     """Even in the interpreter, backend="auto" on CPU tensors keeps the CPU paths (the interpreter is for tests)."""
     call = dict(e_step="soft", return_weights=False, device_type="cpu", dtype=torch.float32, autocast=False,

@@ -132,12 +132,34 @@ def test_attention_only_runs_no_model(monkeypatch):
         cli.main(["--family", "fish", "--attention-only", "--csv", "x.csv"])
 
 
-def test_tuned_block_sizes_reach_the_kernels(monkeypatch):
-    monkeypatch.setenv("HF_MGK_TRITON_BLOCKS", "mgk=128x32, fish=32x64")
-    assert at.tuned_blocks("mgk", (1, 1)) == (128, 32) and at.tuned_blocks("fish", (1, 1)) == (32, 64)
+def test_tuned_block_sizes_reach_the_kernels(monkeypatch, caplog):
+    monkeypatch.setenv("HF_MGK_TRITON_BLOCKS", "mgk:w64=128x32, fish:w128=32x64")
+    assert at.tuned_blocks("mgk", (1, 1), "w64") == (128, 32) and at.tuned_blocks("fish", (1, 1), "w128") == (32, 64)
     assert amt.block_sizes("cuda", 64, 64) == (128, 32) and aft.block_sizes("cuda", 2, 64, 64) == (32, 64)
-    monkeypatch.setenv("HF_MGK_TRITON_BLOCKS", "fish=32x64")
+    monkeypatch.setenv("HF_MGK_TRITON_BLOCKS", "fish:w128=32x64")
     assert amt.block_sizes("cuda", 64, 64) == (64, 64) and amt.block_sizes("cpu", 64, 64) == (32, 32)
+
+
+def test_tuned_block_sizes_hold_for_the_shape_class_they_were_timed_at(monkeypatch, caplog):
+    """A tuning names its shape class: other shapes keep their defaults (FiSH's shrink with M x D). An entry
+    without a class applies to every shape and says so once; a malformed one names the variable."""
+    assert at.shape_class(64) == "w64" and at.shape_class(48) == "w64" and at.shape_class(8) == "w16"
+    assert at.shape_class(64, 2) == "w128" and at.shape_class(64, 3) == "w256" and at.shape_class(128, 8) == "w1024"
+    monkeypatch.setenv("HF_MGK_TRITON_BLOCKS", "fish:w128=16x16,mgk:w128=16x32")
+    assert aft.block_sizes("cuda", 2, 64, 64) == (16, 16)      # the class it was tuned at
+    assert aft.block_sizes("cuda", 4, 64, 64) == (32, 64)      # M = 4: w256 keeps its default
+    assert aft.block_sizes("cuda", 2, 128, 64) == (32, 64)     # D = 128: w256 too
+    assert amt.block_sizes("cuda", 64, 64) == (64, 64) and amt.block_sizes("cuda", 128, 128) == (16, 32)
+    monkeypatch.setattr(at, "_UNCLASSED_SAID", set())
+    monkeypatch.setenv("HF_MGK_TRITON_BLOCKS", "fish=16x16")
+    with caplog.at_level("WARNING", logger="hf_mgk.attention_triton"):
+        assert aft.block_sizes("cuda", 2, 64, 64) == (16, 16) and aft.block_sizes("cuda", 4, 64, 64) == (16, 16)
+    said = [r.getMessage() for r in caplog.records if "HF_MGK_TRITON_BLOCKS" in r.getMessage()]
+    assert len(said) == 1 and "every shape" in said[0]
+    for bad in ("fish=16", "fish:w128=axb", "fsh=16x16"):
+        monkeypatch.setenv("HF_MGK_TRITON_BLOCKS", bad)
+        with pytest.raises(ValueError, match="HF_MGK_TRITON_BLOCKS: cannot read"):
+            aft.block_sizes("cuda", 2, 64, 64)
 
 
 @pytest.mark.slow  # the kernels of both families in the interpreter, three candidates each
@@ -152,7 +174,7 @@ def test_tuning_pass_times_each_candidate_and_names_the_fastest(monkeypatch, cap
     def broken_at_16(a):  # a candidate the "GPU" cannot run
         step = real(a)
         return lambda: (_ for _ in ()).throw(RuntimeError("out of resources")) if at.tuned_blocks(
-            "mgk", None) == (16, 16) else step()
+            "mgk", None, at.shape_class(16)) == (16, 16) else step()
 
     monkeypatch.setitem(tune.FAMILY_STEPS, "mgk", broken_at_16)
     chosen = tune.main(["--device", "cpu", "--dtype", "fp32", "--length", "24", "--batch", "1", "--heads", "2",
@@ -163,5 +185,5 @@ def test_tuning_pass_times_each_candidate_and_names_the_fastest(monkeypatch, cap
         assert f"## {family}: Triton block sizes" in out
     assert out.strip().splitlines()[-1] == "HF_MGK_TRITON_BLOCKS=" + ",".join(chosen)
     picked = dict(item.split("=") for item in chosen)
-    assert picked.keys() == {"mgk", "fish"} and picked["mgk"] in ("32x32", "16x32")
+    assert picked.keys() == {"mgk:w16", "fish:w32"} and picked["mgk:w16"] in ("32x32", "16x32")
     assert "HF_MGK_TRITON_BLOCKS" not in os.environ

@@ -56,3 +56,43 @@ def test_each_package_exports_exactly_what_its_modules_define(package):
             assert getattr(pkg, name) is getattr(module, name), (package, name)
     assert len(gathered) == len(set(gathered)), "two modules export one name"
     assert sorted(pkg.__all__) == sorted(gathered)
+
+
+def test_the_tooling_resolves_after_import_hf_mgk_alone():
+    """`import hf_mgk` then `hf_mgk.flops.fish_cost(...)`, as the docs write it: the tooling loads on first use."""
+    code = ("import hf_mgk\n"
+            "assert callable(hf_mgk.flops.fish_cost) and callable(hf_mgk.hub.save_for_hub)\n"
+            "assert callable(hf_mgk.metrics.load_metric) and callable(hf_mgk.reference.mgk_attention_reference)\n"
+            "assert hf_mgk.analysis.__name__ == 'hf_mgk.analysis' and 'flops' in dir(hf_mgk)\n"
+            "try:\n    hf_mgk.no_such_thing\nexcept AttributeError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "module 'hf_mgk' has no attribute 'no_such_thing'"
+
+
+def test_every_name_the_docs_give_resolves():
+    """Each `hf_mgk.a.b` that README.md, docs/ and the model cards name resolves after `import hf_mgk` alone:
+    attributes by attribute access, a module path (`python -m hf_mgk.benchmark.tune`) at least by import."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    pages = [root / "README.md", *sorted((root / "docs").rglob("*.md")),
+             *sorted((root / "src" / "hf_mgk" / "model_cards").glob("*.md"))]
+    names = set()
+    for page in pages:
+        # a name followed by * or … is a pattern ("hf_mgk.MGKBert*"), not a name
+        names |= set(re.findall(r"\bhf_mgk(?:\.[A-Za-z_]\w*)+(?![\w*…<{])", page.read_text(encoding="utf-8")))
+    assert "hf_mgk.flops.fish_cost" in names and len(names) > 20
+    code = ("import importlib, sys, hf_mgk\nbad = []\n"
+            f"for name in {sorted(names)!r}:\n"
+            "    obj, parts = hf_mgk, name.split('.')[1:]\n"
+            "    for i, part in enumerate(parts):\n"
+            "        try:\n            obj = getattr(obj, part)\n"
+            "        except AttributeError:\n"
+            "            try:\n                obj = importlib.import_module('.'.join(['hf_mgk', *parts[:i + 1]]))\n"
+            "            except ImportError:\n                bad.append(name)\n                break\n"
+            "print(bad)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "[]"

@@ -623,3 +623,18 @@ def test_a_run_starts_from_results_of_its_own_and_publish_shows_only_those(tmp_p
                               + as_args(options) + COMMON)
     export = publish.main(["--run_dir", out, "--no_check_remote_code"])["export"]
     assert export["metrics"] == [("accuracy", "validation", evaluated["eval_accuracy"])]
+
+
+def test_push_to_hub_ends_with_the_family_card_after_evaluation(tmp_path, mgk_classifier, fake_hub):
+    """--push_to_hub (a local stand-in for the Hub's API): the last upload comes after evaluation, with the
+    family's model card: text classification, the accuracy this run measured, the GLUE task's dataset."""
+    from conftest import check_final_push
+
+    options, _ = task_files(str(tmp_path / "data"), "sst2")
+    out = str(tmp_path / "out")
+    run_glue.main(["--model_name_or_path", mgk_classifier(2), "--task_name", "sst2"] + as_args(options)
+                  + ["--do_train", "--do_eval", "--output_dir", out, "--push_to_hub", "--hub_model_id",
+                     "me/tiny-sst2"] + COMMON)
+    meta, card = check_final_push(fake_hub, "me/tiny-sst2", "mgk-bert", "text-classification", "accuracy")
+    dataset = meta["model-index"][0]["results"][0]["dataset"]["name"]
+    assert "train.csv" in dataset, dataset  # the local files this run trained on

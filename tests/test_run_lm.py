@@ -638,3 +638,21 @@ def test_report_to_tensorboard_logs_the_losses(texts, work, gpt2_dir, tmp_path):
     acc = EventAccumulator(str(events[0]))
     acc.Reload()
     assert [round(e.value, 4) for e in acc.Scalars("train/loss")] == [round(v, 4) for v in logged]
+
+
+@pytest.mark.parametrize("script, family, tokenizer, pipeline_tag", [
+    ("run_mlm", "mgk-bert", "bert", "fill-mask"), ("run_clm", "fish-gpt2", "gpt2", "text-generation")])
+def test_push_to_hub_ends_with_the_family_card_after_evaluation(script, family, tokenizer, pipeline_tag, texts, work,
+                                                                bert_dir, gpt2_dir, tmp_path, fake_hub):
+    """--push_to_hub (a local stand-in for the Hub's API): the last upload comes after evaluation, with the
+    family's model card (its eval metrics in the model-index) in place of Trainer's draft, as run_glue's."""
+    from conftest import check_final_push
+
+    out = tmp_path / "out"
+    argv = [*new_model(family, bert_dir if tokenizer == "bert" else gpt2_dir), *common(texts, out, work),
+            "--do_train", "--do_eval", "--push_to_hub", "--hub_model_id", "me/tiny-lm",
+            *(["--max_seq_length", "32"] if script == "run_mlm" else ["--block_size", "32"])]
+    (run_mlm if script == "run_mlm" else run_clm).main(argv)
+    meta, card = check_final_push(fake_hub, "me/tiny-lm", family, pipeline_tag, "perplexity")
+    assert fake_hub.repos == ["me/tiny-lm"]
+    assert (out / "README.md").read_text() == card

@@ -483,3 +483,17 @@ def test_sequence_longer_than_the_model_positions_is_refused(tmp_path):
     args[args.index("--max_seq_length") + 1] = "384"  # upstream's default; the tiny model has 128 positions
     with pytest.raises(ValueError, match="--max_seq_length 384 is longer than the model's positions"):
         run_qa.main(args)
+
+
+def test_push_to_hub_ends_with_the_family_card_after_evaluation(tmp_path, fake_hub):
+    """--push_to_hub (a local stand-in for the Hub's API): the last upload comes after evaluation, with the
+    family's model card (its exact match and F1 in the model-index) in place of Trainer's draft."""
+    from conftest import check_final_push
+
+    squad = write_json(tmp_path / "train-v1.1.json", squad_json())
+    out = tmp_path / "out"
+    run_qa.main(_common(out) + TRAIN + ["--train_file", squad, "--validation_file", squad, "--do_eval",
+                                        "--push_to_hub", "--hub_model_id", "me/tiny-qa"])
+    meta, _ = check_final_push(fake_hub, "me/tiny-qa", "mgk-bert", "question-answering", "f1")
+    assert any(m["name"] == "exact_match" for entry in meta["model-index"] for r in entry["results"]
+               for m in r["metrics"])

@@ -31,6 +31,23 @@ from .registration import register_family
 
 __version__ = "0.1.0"
 
+# The tooling's modules, loaded on first use (`hf_mgk.flops.fish_cost(...)` after `import hf_mgk`), so that
+# `import hf_mgk` loads the models alone: the modules and packages that the model classes do not import.
+_LAZY_SUBMODULES = ("analysis", "benchmark", "bundled", "flops", "folders", "hub", "lm_eval", "metrics", "qa",
+                    "reference", "reproduce", "scripts", "training")
+
+
+def __getattr__(name):
+    if name in _LAZY_SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted({*globals(), *_LAZY_SUBMODULES})
+
 # Every family of the registry (hf_mgk.families), each model under the Auto class its `_auto_map` names.
 for _family in FAMILIES.values():
     register_family(_family.config_class, _family.auto_map)

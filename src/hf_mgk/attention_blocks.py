@@ -4,6 +4,8 @@ matrix without holding all of it) and named backends (which exact path runs a ca
 Torch only; this file travels next to the remote-code model files.
 """
 
+import logging
+
 import torch
 
 __all__ = ["RETIRED_BACKENDS", "autocast_enabled", "resolve_backend", "row_blocks"]
@@ -44,13 +46,33 @@ def autocast_enabled(device_type):
         return False
 
 
-def resolve_backend(backend, auto, refusals):
+logger = logging.getLogger(__name__)
+_FALLBACKS_SAID = set()
+
+
+def say_fallback(why, path):
+    """Log, once per reason, that the Triton kernels refused a call and `path` runs it instead."""
+    if why in _FALLBACKS_SAID:
+        return
+    _FALLBACKS_SAID.add(why)
+    logger.info("the Triton kernels do not run this attention call: %s; it runs on the %r path instead (said "
+                "once per reason)", why, path)
+
+
+def resolve_backend(backend, auto, refusals, device_type=None):
     """The backend a kernel runs: `auto` (its rule's choice) for backend="auto", else `backend` itself.
 
     refusals: every backend name -> None where it can run the call, else why it cannot. An unknown name, or one
     that cannot run the call, is a ValueError naming it and the allowed ones (a retired one also says why it is
-    gone: RETIRED_BACKENDS)."""
+    gone: RETIRED_BACKENDS). On a CUDA `device_type`, "auto" taking a torch path where the Triton kernels are
+    installed and switched on but refuse the call (tracing / export, the weights, a 4-D mask, ...) says so once
+    per reason, at INFO on this module's logger. Not inside a torch.compile trace: a logging call there breaks
+    the graph (fullgraph=True fails), and dynamo replays no call from an inlined function after the graph."""
     if backend == "auto":
+        why = refusals.get("triton")
+        if (device_type == "cuda" and auto != "triton" and why is not None and not why.startswith("triton is not")
+                and not torch.compiler.is_compiling()):
+            say_fallback(why, auto)
         return auto
     allowed = ", ".join(repr(name) for name in ("auto", *refusals))
     if backend in RETIRED_BACKENDS:

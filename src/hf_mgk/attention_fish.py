@@ -175,7 +175,7 @@ def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, att
                  requires_grad=_requires_grad(query, key, value, mixing, noise_std), tracing=is_tracing(),
                  mask=mask_kind(attention_mask), triton=triton_available(), head_size=max(D, Dv), num_global=M,
                  counter=counters(M, N, S, kind == "gfish", noise_std is not None))
-    backend = resolve_backend(backend, choose_backend(**facts), _refusals(**facts))
+    backend = resolve_backend(backend, choose_backend(**facts), _refusals(**facts), device_type=query.device.type)
     if backend == "triton":
         return fish_triton(query, key, value, mixing, scale, noise_std, attention_mask, is_causal, dropout_p,
                            generator)

@@ -38,7 +38,7 @@ import).
 import torch
 from torch import nn
 
-from .attention_triton import LOG2E, precision, tl, triton, tuned_blocks
+from .attention_triton import LOG2E, precision, shape_class, tl, triton, tuned_blocks
 
 if triton is not None:
     from .attention_triton import dot as _dot
@@ -71,7 +71,7 @@ def block_sizes(device_type, num_global, head_size, value_size):
     else:
         width = triton.next_power_of_2(num_global) * max(head_size, value_size)
         default = (64, 64) if width <= 128 else (32, 64) if width <= 256 else (16, 64)
-    return tuned_blocks("fish", default)
+    return tuned_blocks("fish", default, shape_class(max(head_size, value_size), num_global))
 
 
 def noise_seed(generator, device):

@@ -49,22 +49,24 @@ __all__ = [
 
 BACKENDS = ("dense", "sdpa", "blocked", "triton")
 MLK_BACKENDS = ("dense", "linear")
+# The most keys per position the Triton kernels take: the M they are tested for (1 to 4).
+MAX_TRITON_KEYS = 4
 # Chunk length of causal MLK (`_causal_linear`).
 MLK_CHUNK = 64
 
 
 def choose_backend(*, e_step, return_weights, device_type, dtype, autocast, tracing, mask, triton=False,
-                   head_size=64, variance_grad=False):
+                   head_size=64, variance_grad=False, num_keys=2):
     """The backend `mgk_attention` / `smgk_attention` run with backend="auto", from plain facts about the call:
     e_step "soft" / "hard"; device_type e.g. "cpu"; dtype the query's; autocast: whether autocast is on for that
     device; tracing: traced or compiled; mask: None, "padding" (B, S) or "pairs" (a whole 4-D mask); triton:
     whether Triton is installed; head_size: the larger of the q / k and v head sizes;
-    variance_grad: the variances are a tensor that needs a gradient.
+    variance_grad: the variances are a tensor that needs a gradient; num_keys: M.
 
     The weights come from the dense form only. On the CPU in float32 / float64 outside autocast (a padding mask or
     none, not traced: its Python loop reads tensor values) the blocked path, with or without autograd, so that
     training and evaluation compute bit for bit the same function. On a CUDA GPU with Triton the fused kernels,
-    for the calls they cover (`_refusals`: a padding mask or none, not traced, fixed variances, head
+    for the calls they cover (`_refusals`: a padding mask or none, not traced, fixed variances, M <= MAX_TRITON_KEYS, head
     sizes up to attention_mgk_triton.MAX_HEAD_SIZE, float32 / bfloat16 / float16); never on the CPU (there they run
     only in Triton's interpreter, for tests).
     Elsewhere (other accelerators, half precision, autocast, and what the kernels do not cover) the soft E-step as
@@ -77,21 +79,24 @@ def choose_backend(*, e_step, return_weights, device_type, dtype, autocast, trac
         return "blocked"
     if device_type == "cuda" and triton and _triton_refusal(
             e_step=e_step, return_weights=return_weights, device_type=device_type, dtype=dtype, tracing=tracing,
-            mask=mask, triton=triton, head_size=head_size, variance_grad=variance_grad) is None:
+            mask=mask, triton=triton, head_size=head_size, variance_grad=variance_grad, num_keys=num_keys) is None:
         return "triton"
     return "dense" if e_step == "hard" else "sdpa"
 
 
-def _triton_refusal(*, return_weights, device_type, dtype, tracing, mask, triton, head_size, variance_grad, **_):
+def _triton_refusal(*, return_weights, device_type, dtype, tracing, mask, triton, head_size, variance_grad,
+                    num_keys=2, **_):
     """Why the Triton kernels cannot run a call (None: they can); `triton`: whether they can be used at all."""
     family = ("return_weights (only 'dense' forms the weights)" if return_weights
-              else "variances that need a gradient (sigma is fixed in the Triton kernels)" if variance_grad else None)
+              else "variances that need a gradient (sigma is fixed in the Triton kernels)" if variance_grad
+              else f"{num_keys} keys per position (the kernels are tested for M = 1 to {MAX_TRITON_KEYS})"
+              if num_keys > MAX_TRITON_KEYS else None)
     return triton_refusal(device_type, head_size, installed=triton, family=family, mask=mask, tracing=tracing,
                           dtype=dtype)
 
 
 def _refusals(*, e_step, return_weights, device_type, dtype, autocast, tracing, mask, triton=False, head_size=64,
-              variance_grad=False):
+              variance_grad=False, num_keys=2):
     """Why each backend cannot run a call (None: it can)."""
     blocked = ("return_weights (only 'dense' forms the weights)" if return_weights
                else "a whole 4-D mask" if mask == "pairs"
@@ -102,7 +107,7 @@ def _refusals(*, e_step, return_weights, device_type, dtype, autocast, tracing, 
             else "return_weights (only 'dense' forms the weights)" if return_weights else None)
     triton_ = _triton_refusal(e_step=e_step, return_weights=return_weights, device_type=device_type, dtype=dtype,
                               tracing=tracing, mask=mask, triton=triton, head_size=head_size,
-                              variance_grad=variance_grad)
+                              variance_grad=variance_grad, num_keys=num_keys)
     return {"dense": None, "sdpa": sdpa, "blocked": blocked, "triton": triton_}
 
 
@@ -111,8 +116,9 @@ def _backend(backend, query, value, variances, attention_mask, e_step, return_we
                  autocast=autocast_enabled(query.device.type), tracing=is_tracing(),
                  mask=mask_kind(attention_mask), triton=triton_available(),
                  head_size=max(query.shape[-1], value.shape[-1]),
-                 variance_grad=isinstance(variances, torch.Tensor) and variances.requires_grad)
-    return resolve_backend(backend, choose_backend(**facts), _refusals(**facts))
+                 variance_grad=isinstance(variances, torch.Tensor) and variances.requires_grad,
+                 num_keys=len(variances) if not isinstance(variances, torch.Tensor) else variances.numel())
+    return resolve_backend(backend, choose_backend(**facts), _refusals(**facts), device_type=query.device.type)
 
 
 def _as_variances(variances, like: torch.Tensor, num_keys: int) -> torch.Tensor:

@@ -39,7 +39,8 @@ import math
 
 import torch
 
-from .attention_triton import LOG2E, MAX_HEAD_SIZE, available, precision, refusal, tl, triton, tuned_blocks
+from .attention_triton import (LOG2E, MAX_HEAD_SIZE, available, precision, refusal, shape_class, tl, triton,
+                               tuned_blocks)
 
 if triton is not None:
     from .attention_triton import dot as _dot
@@ -58,7 +59,7 @@ def block_sizes(device_type, head_size, value_size):
         default = (32, 32)
     else:
         default = (64, 64) if max(head_size, value_size) <= 64 else (64, 32)
-    return tuned_blocks("mgk", default)
+    return tuned_blocks("mgk", default, shape_class(max(head_size, value_size)))
 
 
 if triton is not None:

@@ -11,6 +11,7 @@ and without Triton the other backends run). On CPU tensors the kernels run in Tr
 TRITON_INTERPRET=1 was set before triton was imported.
 """
 
+import logging
 import os
 
 import torch
@@ -22,17 +23,36 @@ except ImportError:  # no Triton: `available()` is False and the torch backends 
     triton = None
     tl = None
 
-__all__ = ["LOG2E", "MAX_HEAD_SIZE", "available", "interpreting", "precision", "refusal", "tuned_blocks"]
+__all__ = ["LOG2E", "MAX_HEAD_SIZE", "available", "interpreting", "precision", "refusal", "shape_class", "switched_on",
+           "tuned_blocks"]
+
+logger = logging.getLogger(__name__)
 
 # Head sizes (of q / k and of v) up to this are padded to a power of two >= 16 inside the kernels (masked loads).
 MAX_HEAD_SIZE = 128
 LOG2E = 1.4426950408889634
 
 
+SWITCH_VALUES = {"1": True, "true": True, "on": True, "yes": True, "0": False, "false": False, "off": False,
+                 "no": False}
+
+
+def switched_on():
+    """HF_MGK_TRITON, the switch that keeps every call on the torch paths when off (e.g. to compare with them or to
+    rule the kernels out): 1 / true / on / yes or 0 / false / off / no, any case; unset or empty means on. Any
+    other value is a ValueError naming the variable (a typo must not leave the kernels on silently)."""
+    value = os.environ.get("HF_MGK_TRITON", "").strip().lower()
+    if not value:
+        return True
+    if value not in SWITCH_VALUES:
+        raise ValueError(f"HF_MGK_TRITON={os.environ['HF_MGK_TRITON']!r} is not a switch: set it to 0 / false / off "
+                         "(the torch paths only) or 1 / true / on (the Triton kernels where they apply)")
+    return SWITCH_VALUES[value]
+
+
 def available():
-    """Whether the kernels can be used: Triton imported, and HF_MGK_TRITON is not set to 0 (the switch that keeps
-    every call on the torch paths, e.g. to compare with them or to rule the kernels out)."""
-    return triton is not None and os.environ.get("HF_MGK_TRITON", "1").strip() not in ("0", "")
+    """Whether the kernels can be used: Triton imported, and HF_MGK_TRITON not switched off (`switched_on`)."""
+    return switched_on() and triton is not None
 
 
 # Triton decides at import whether @triton.jit compiles or interprets: what the environment said then counts.
@@ -68,15 +88,49 @@ def refusal(device_type, head_size, *, installed=True, family=None, mask=None, t
     return None
 
 
-def tuned_blocks(family, default):
-    """(BLOCK_M, BLOCK_N) of a family's kernels ("mgk", "fish"): `default`, or what HF_MGK_TRITON_BLOCKS says for
-    it ("mgk=64x64,fish=32x64", as hf_mgk.benchmark.tune prints it after timing the candidates on a GPU; read at
-    each call, so a process can compare candidates)."""
+def shape_class(head_size, num_global=1):
+    """The shapes one tuning of the block sizes holds for: the padded width of a program's q / k / v rows,
+    "w<next_power_of_2(num_global) x next_power_of_2(head_size)>" (MGK: num_global 1; FiSH: its M global heads,
+    whose (M, rows, keys) score block bounds the rows). The defaults change with it, so a tuning does too."""
+    pow2 = 1 << max(head_size - 1, 0).bit_length()
+    return f"w{(1 << max(num_global - 1, 0).bit_length()) * max(pow2, 16)}"
+
+
+_UNCLASSED_SAID = set()
+
+
+def tuned_blocks(family, default, shape=None):
+    """(BLOCK_M, BLOCK_N) of a family's kernels ("mgk", "fish") for a call of shape class `shape` (`shape_class`):
+    `default`, or what HF_MGK_TRITON_BLOCKS says for it. An entry "family:class=MxN" (as hf_mgk.benchmark.tune
+    prints it after timing the candidates on a GPU at one shape) applies to that class only; "family=MxN" to
+    every shape, which is said once in a warning (a tuning holds for the shape it was timed at). Read at each
+    call, so a process can compare candidates. A malformed entry is a ValueError naming the variable."""
+    chosen, general = None, None
     for item in os.environ.get("HF_MGK_TRITON_BLOCKS", "").split(","):
-        name, _, sizes = item.strip().partition("=")
-        if name == family and sizes:
-            rows, _, keys = sizes.partition("x")
-            return int(rows), int(keys)
+        item = item.strip()
+        if not item:
+            continue
+        name, _, sizes = item.partition("=")
+        name, _, cls = name.strip().partition(":")
+        rows, _, keys = sizes.strip().partition("x")
+        if not (rows.isdigit() and keys.isdigit()) or name not in ("mgk", "fish"):
+            raise ValueError(f"HF_MGK_TRITON_BLOCKS: cannot read {item!r}; write entries as family:class=MxN or "
+                             "family=MxN, e.g. mgk:w64=64x64,fish:w128=64x32 (what hf_mgk.benchmark.tune prints)")
+        if name != family:
+            continue
+        if not cls:
+            general = (int(rows), int(keys))
+        elif cls == shape:
+            chosen = (int(rows), int(keys))
+    if chosen is not None:
+        return chosen
+    if general is not None:
+        if family not in _UNCLASSED_SAID:
+            _UNCLASSED_SAID.add(family)
+            logger.warning("HF_MGK_TRITON_BLOCKS gives %s's blocks %dx%d for every shape; a tuning holds for the shape "
+                           "it was timed at (write %s:<class>=MxN, as hf_mgk.benchmark.tune prints, to keep the "
+                           "defaults elsewhere)", family, *general, family)
+        return general
     return default
 
 

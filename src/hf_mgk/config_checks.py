@@ -64,6 +64,14 @@ def check_choice(name, value, allowed):
         raise ValueError(f"{name} must be one of {', '.join(repr(a) for a in allowed)}; got {value!r}")
 
 
+def check_backend(value, attention_type, backends):
+    """The `backend` field: "auto" or one of the attention type's exact paths, `backends` {attention_type: names}
+    (the names of the attention functions' `backend` argument). The softmax baseline, which has none, accepts
+    every name of the family and ignores it, so one config can switch between the baseline and a family type."""
+    names = backends.get(attention_type) or sorted({n for group in backends.values() for n in group})
+    check_choice(f"backend (for attention_type={attention_type!r})", value, ("auto", *names))
+
+
 def check_int_range(name, value, low, high=None):
     """low <= value (<= high); bools are rejected, they are ints to Python but never what a user meant."""
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= low and (high is None or value <= high)

@@ -7,11 +7,14 @@ Models" (ICML 2020, arXiv:2002.07028)."""
 
 from transformers.models.gpt2.configuration_gpt2 import GPT2Config
 
-from .config_checks import ValidatedConfig, check_choice, check_float_range, check_head_dim, check_int_range
+from .config_checks import (ValidatedConfig, check_backend, check_choice, check_float_range, check_head_dim,
+                            check_int_range)
 from .transformers_compat import ConfigCompat
 
 FISH_ATTENTION_TYPES = ("softmax", "fish", "hard_fish", "gfish", "hard_gfish", "mish")
 FISH_MIXING_INITS = ("mean", "normal")
+# The `backend` field's names: fish_attention's `backend` argument.
+FISH_BACKENDS = ("fused", "recomputed", "blocked", "triton")
 
 
 class FiSHGPT2Config(ValidatedConfig, ConfigCompat, GPT2Config):
@@ -30,6 +33,10 @@ class FiSHGPT2Config(ValidatedConfig, ConfigCompat, GPT2Config):
         network takes PyTorch's default Linear init. `"normal"`: the FiSH authors' language-modelling code, whose
         training script initialises every Linear layer N(0, 0.02) with zero bias: p_kj (and MiSH's p_k) and the
         GFiSH network's weights N(0, initializer_range), its biases 0. Loaded weights are never re-initialised.
+    backend (`str`, defaults to `"auto"`): which exact path computes the attention. `"auto"` picks per call (the
+        Triton kernels on a CUDA GPU where they cover the call, else a torch path); `"fused"`, `"recomputed"`,
+        `"blocked"` or `"triton"` force one (a call it cannot run is an error naming why). Every path computes
+        the same function.
     """
 
     model_type = "fish-gpt2"
@@ -40,6 +47,7 @@ class FiSHGPT2Config(ValidatedConfig, ConfigCompat, GPT2Config):
     head_dim: int | None = None
     fish_noise_init: float = 0.1
     fish_mixing_init: str = "mean"
+    backend: str = "auto"
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
@@ -58,6 +66,7 @@ class FiSHGPT2Config(ValidatedConfig, ConfigCompat, GPT2Config):
             check_int_range("num_global_heads", self.num_global_heads, 1)  # unused by softmax, but saved
         check_float_range("fish_noise_init", self.fish_noise_init, 0, float("inf"))
         check_choice("fish_mixing_init", self.fish_mixing_init, FISH_MIXING_INITS)
+        check_backend(self.backend, self.attention_type, {t: FISH_BACKENDS for t in FISH_ATTENTION_TYPES[1:]})
 
     @property
     def attention_head_size(self) -> int:

@@ -4,9 +4,13 @@ encoder, MGK-GPT2's decoder).
 MGK: Nguyen et al., "Improving Transformers with Probabilistic Attention Keys" (ICML 2022, arXiv:2110.08678).
 Standard library and siblings only: this file travels next to the remote-code configuration files."""
 
-from .config_checks import ValidatedConfig, check_choice, check_head_dim, check_int_range, check_positive_numbers
+from .config_checks import (ValidatedConfig, check_backend, check_choice, check_head_dim, check_int_range,
+                            check_positive_numbers)
 
 MGK_ATTENTION_TYPES = ("softmax", "mgk", "smgk", "mlk", "smlk")
+# The `backend` field's names per type: the `backend` argument of mgk_attention / smgk_attention and mlk_attention.
+MGK_BACKENDS = {"mgk": ("dense", "sdpa", "blocked", "triton"), "smgk": ("dense", "sdpa", "blocked", "triton"),
+                "mlk": ("dense", "linear"), "smlk": ("dense", "linear")}
 
 
 class MGKConfigMixin(ValidatedConfig):
@@ -14,7 +18,7 @@ class MGKConfigMixin(ValidatedConfig):
     transformers release builds its config classes from their own annotations):
 
         attention_type: str = "mgk"; num_keys: int = 2; e_step: str = "soft"; mgk_prior: str = "learned";
-        mgk_variances: list[float] | None = None; head_dim: int | None = None
+        mgk_variances: list[float] | None = None; head_dim: int | None = None; backend: str = "auto"
 
     `_size_names`: the configuration's own names of the hidden size and the head count (GPT-2: n_embd, n_head),
     used in error messages; `_positions_field`: its absolute-position limit."""
@@ -40,6 +44,7 @@ class MGKConfigMixin(ValidatedConfig):
         check_int_range("num_keys", self.num_keys, 1)
         check_choice("e_step", self.e_step, ("soft", "hard"))
         check_choice("mgk_prior", self.mgk_prior, ("learned", "em", "uniform"))
+        check_backend(self.backend, self.attention_type, MGK_BACKENDS)
         hidden, heads = self._size_names
         check_head_dim(getattr(self, hidden), getattr(self, heads), self.head_dim, names=self._size_names)
         check_int_range(self._positions_field, getattr(self, self._positions_field), 1)
@@ -65,4 +70,4 @@ class MGKConfigMixin(ValidatedConfig):
         return self.head_dim if self.head_dim is not None else getattr(self, hidden) // getattr(self, heads)
 
 
-__all__ = ["MGK_ATTENTION_TYPES", "MGKConfigMixin"]
+__all__ = ["MGK_ATTENTION_TYPES", "MGK_BACKENDS", "MGKConfigMixin"]

@@ -31,6 +31,10 @@ class MGKBertConfig(MGKConfigMixin, ConfigCompat, BertConfig):
         The paper states [1, 3]; the authors' LM/MT code uses [1, 1/3]. For M > 2 the default is 1, 3, 5, ...
     head_dim (`int`, *optional*): the fixed head size of "concise multi-head attention"; Q, K, V project
         hidden_size -> num_attention_heads * head_dim. `None` means hidden_size / num_attention_heads.
+    backend (`str`, defaults to `"auto"`): which exact path computes the attention. `"auto"` picks per call (the
+        Triton kernels on a CUDA GPU where they cover the call, else a torch path); `"dense"`, `"sdpa"`,
+        `"blocked"` or `"triton"` for `"mgk"` / `"smgk"`, `"dense"` or `"linear"` for `"mlk"` / `"smlk"` force one
+        (a call it cannot run is an error naming why). Every path computes the same function.
     """
 
     model_type = "mgk-bert"
@@ -42,6 +46,7 @@ class MGKBertConfig(MGKConfigMixin, ConfigCompat, BertConfig):
     mgk_prior: str = "learned"
     mgk_variances: list[float] | None = None
     head_dim: int | None = None
+    backend: str = "auto"
 
 
 __all__ = ["MGKBertConfig"]

@@ -27,6 +27,10 @@ class MGKGPT2Config(MGKConfigMixin, ConfigCompat, GPT2Config):
     mgk_variances (`list[float]`, defaults to `[1, 3]`): sigma_r^2 as multiples of sqrt(head_dim), one per key.
     head_dim (`int`, *optional*): the fixed head size; Q, K, V project n_embd -> n_head * head_dim. `None` means
         n_embd / n_head.
+    backend (`str`, defaults to `"auto"`): which exact path computes the attention. `"auto"` picks per call (the
+        Triton kernels on a CUDA GPU where they cover the call, else a torch path); `"dense"`, `"sdpa"`,
+        `"blocked"` or `"triton"` for `"mgk"` / `"smgk"`, `"dense"` or `"linear"` for `"mlk"` / `"smlk"` force one
+        (a call it cannot run is an error naming why). Every path computes the same function.
 
     GPT-2's `scale_attn_weights` and `scale_attn_by_inverse_layer_idx` apply to the softmax baseline; the MGK
     types' scores are scaled by their variances.
@@ -43,6 +47,7 @@ class MGKGPT2Config(MGKConfigMixin, ConfigCompat, GPT2Config):
     mgk_prior: str = "learned"
     mgk_variances: list[float] | None = None
     head_dim: int | None = None
+    backend: str = "auto"
 
 
 __all__ = ["MGKGPT2Config"]

@@ -6,8 +6,11 @@ Multi-head Attention Models" (ICML 2020, arXiv:2002.07028)."""
 
 from transformers.models.roberta.configuration_roberta import RobertaConfig
 
-from .config_checks import ValidatedConfig, check_bool, check_choice, check_head_dim, check_int_range
+from .config_checks import ValidatedConfig, check_backend, check_bool, check_choice, check_head_dim, check_int_range
 from .transformers_compat import ConfigCompat
+
+# The `backend` field's names: nprf_attention's `backend` argument.
+NPRF_BACKENDS = ("explicit", "fft", "band")
 
 
 class NPRFRobertaConfig(ValidatedConfig, ConfigCompat, RobertaConfig):
@@ -30,6 +33,9 @@ class NPRFRobertaConfig(ValidatedConfig, ConfigCompat, RobertaConfig):
     use_absolute_positions (`bool`, defaults to True): RoBERTa's learned position embeddings. False removes them, so
         any length is accepted (positions come from the RPE alone).
     head_dim (`int`, *optional*): fixed head size; `None` = hidden_size / num_attention_heads.
+    backend (`str`, defaults to `"auto"`): which exact path computes NPRF attention. `"auto"` picks per call;
+        `"explicit"` (the N x S matrix), `"fft"` or `"band"` force one (a call it cannot run is an error naming
+        why). Every path computes the same function.
     """
 
     model_type = "nprf-roberta"
@@ -45,6 +51,7 @@ class NPRFRobertaConfig(ValidatedConfig, ConfigCompat, RobertaConfig):
     random_feature_seed: int = 0
     use_absolute_positions: bool = True
     head_dim: int | None = None
+    backend: str = "auto"
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
@@ -52,6 +59,7 @@ class NPRFRobertaConfig(ValidatedConfig, ConfigCompat, RobertaConfig):
 
     def check_fields(self):
         check_choice("attention_type", self.attention_type, ("softmax", "nprf"))
+        check_backend(self.backend, self.attention_type, {"nprf": NPRF_BACKENDS})
         self.check_inherited_fields()
         check_bool("normalize_qk", self.normalize_qk)
         check_bool("use_rpe", self.use_rpe)

@@ -105,7 +105,7 @@ class FiSHGPT2Attention(nn.Module):
             noise = self.noise_std if self.training and hasattr(self, "noise_std") else None
             res = fish_attention(query, key, value, self.mixing, scale=self.scaling, noise_std=noise,
                                  attention_mask=attention_mask, is_causal=not is_full_mask(attention_mask),
-                                 return_weights=return_weights, dropout_p=dropout_p)
+                                 return_weights=return_weights, dropout_p=dropout_p, backend=self.config.backend)
             out, weights = res if return_weights else (res, None)
         out = out.transpose(1, 2).reshape(*hidden_states.shape[:-1], self.num_heads * self.head_dim)
         return self.resid_dropout(self.c_proj(out)), weights

@@ -110,7 +110,7 @@ class MGKAttentionCore(nn.Module):
         if self.prior_type == "em" and self.training and self._m_step_due:
             self._m_step(query, keys, attention_mask, is_causal)
         kw = dict(log_prior=self.log_prior(), attention_mask=attention_mask, is_causal=is_causal,
-                  return_weights=return_weights)
+                  return_weights=return_weights, backend=self.config.backend)
         if self.attention_type == "smgk":  # q.k once for all M shifted keys
             res = smgk_attention(query, keys, self.key_shift, value, variances=self.variances,
                                  e_step=self.config.e_step, dropout_p=dropout_p, **kw)

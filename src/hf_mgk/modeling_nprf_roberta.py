@@ -203,7 +203,7 @@ class NPRFRobertaSelfAttention(nn.Module):
             res = nprf_attention(query, key, value, bias, self.features, normalize=self.config.normalize_qk,
                                  max_distance=max_distance, attention_mask=attention_mask,
                                  is_causal=self.is_causal and not is_full_mask(attention_mask),
-                                 return_weights=return_weights, query_offset=past)
+                                 return_weights=return_weights, query_offset=past, backend=self.config.backend)
             out, weights = res if return_weights else (res, None)
             # No probability matrix is formed on the fast paths, so attention dropout acts on the output.
             out = self.dropout(out)

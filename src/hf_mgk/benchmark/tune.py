@@ -4,7 +4,10 @@ step of each family (forward + backward, the triton backend), the candidates' st
 a table per family and, last, the line to export so that later runs take the fastest:
 
     python -m hf_mgk.benchmark.tune --device cuda --dtype bf16            # B = 8, N = 4096, D = 64, 4 candidates
-    HF_MGK_TRITON_BLOCKS=mgk=64x64,fish=64x32                              # (its last line)
+    HF_MGK_TRITON_BLOCKS=mgk:w64=64x64,fish:w128=64x32                     # (its last line)
+
+Each entry names the shape class it was timed at (attention_triton.shape_class: the padded width of a program's
+rows); the kernels take it for calls of that class only, and keep their defaults elsewhere.
 
 A candidate the GPU cannot run (too many registers or too much shared memory) is reported and skipped."""
 
@@ -13,6 +16,7 @@ import os
 
 import torch
 
+from .. import attention_triton
 from . import measure, models
 from .attention import fish_attention_step, mgk_attention_step
 
@@ -26,11 +30,17 @@ FAMILY_STEPS = {
 }
 
 
-def _with_blocks(family, blocks, fn):
-    """fn() with HF_MGK_TRITON_BLOCKS naming `blocks` for `family` (the rest of the variable kept)."""
+def shape_key(family, a):
+    """"family:class", the entry's name for the shape the candidates are timed at."""
+    num_global = a.global_heads if family == "fish" else 1
+    return f"{family}:{attention_triton.shape_class(a.head_dim, num_global)}"
+
+
+def _with_blocks(key, blocks, fn):
+    """fn() with HF_MGK_TRITON_BLOCKS naming `blocks` for `key` ("family:class"; the rest of the variable kept)."""
     before = os.environ.get("HF_MGK_TRITON_BLOCKS")
-    others = [item for item in (before or "").split(",") if item and not item.startswith(family + "=")]
-    os.environ["HF_MGK_TRITON_BLOCKS"] = ",".join(others + [f"{family}={blocks[0]}x{blocks[1]}"])
+    others = [item for item in (before or "").split(",") if item and not item.strip().startswith(key + "=")]
+    os.environ["HF_MGK_TRITON_BLOCKS"] = ",".join(others + [f"{key}={blocks[0]}x{blocks[1]}"])
     try:
         return fn()
     finally:
@@ -40,18 +50,18 @@ def _with_blocks(family, blocks, fn):
             os.environ["HF_MGK_TRITON_BLOCKS"] = before
 
 
-def tune(family, make_step, candidates, repeats):
+def tune(key, make_step, candidates, repeats):
     """{candidate: median seconds, or the reason it cannot run}: each candidate's step warmed up (compiled), then
     `repeats` rounds of one step per candidate in turn."""
     step = make_step()
     results, runnable = {}, []
     for blocks in candidates:
         try:
-            _with_blocks(family, blocks, step)
+            _with_blocks(key, blocks, step)
             runnable.append(blocks)
         except Exception as err:  # noqa: BLE001 (e.g. triton's OutOfResources: reported, not fatal)
             results[blocks] = str(err).splitlines()[0][:100]
-    steps = [lambda blocks=blocks: _with_blocks(family, blocks, step) for blocks in runnable]
+    steps = [lambda blocks=blocks: _with_blocks(key, blocks, step) for blocks in runnable]
     results.update(zip(runnable, measure.alternate(steps, repeats)))
     return results
 
@@ -84,7 +94,8 @@ def main(argv=None):
     candidates = [tuple(int(x) for x in c.split("x")) for c in args.candidates]
     chosen = []
     for family in args.families:
-        results = tune(family, lambda: FAMILY_STEPS[family](args), candidates, args.repeats)
+        key = shape_key(family, args)
+        results = tune(key, lambda: FAMILY_STEPS[family](args), candidates, args.repeats)
         print(f"\n## {family}: Triton block sizes, forward + backward (B={args.batch}, N={args.length}, "
               f"D={args.head_dim}, {args.dtype}, {args.device}), median of {args.repeats} alternating rounds")
         print("| BLOCK_M x BLOCK_N | ms |")
@@ -94,7 +105,7 @@ def main(argv=None):
                   else f"| {blocks[0]}x{blocks[1]} | {t} |")
         fastest = best(results)
         if fastest is not None:
-            chosen.append(f"{family}={fastest[0]}x{fastest[1]}")
+            chosen.append(f"{key}={fastest[0]}x{fastest[1]}")
     print("\nHF_MGK_TRITON_BLOCKS=" + ",".join(chosen))
     return chosen
 

@@ -140,6 +140,7 @@ def main(argv=None):
             strided = strided_metrics(trainer, tokenized["validation"], block_size, data_args)
         results.update(training.evaluate_and_save(trainer, eval_dataset, len(eval_dataset), with_perplexity=True,
                                                   **strided))
+    training.push_to_hub_at_end(trainer)
     training.close_distributed()
     return results
 

@@ -459,11 +459,7 @@ def main(argv=None):
         write_predictions(trainer, processed[split], splits[split], name, task, model.config.id2label, label_list,
                           training_args.output_dir)
 
-    if training_args.push_to_hub:
-        card = {"finetuned_from": model_args.model_name_or_path, "tasks": "text-classification"}
-        if task is not None:
-            card.update(language="en", dataset_tags="glue", dataset_args=task, dataset=f"GLUE {task.upper()}")
-        trainer.push_to_hub(**card)
+    training.push_to_hub_at_end(trainer)
     training.close_distributed()
     return results
 

@@ -198,6 +198,7 @@ def main(argv=None):
         trainer.log_metrics("predict", metrics)
         training.save_metrics(trainer, "predict", metrics)
         results.update(metrics)
+    training.push_to_hub_at_end(trainer)
     training.close_distributed()
     return results
 
