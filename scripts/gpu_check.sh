@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of the Triton kernels (issue 26), one command on a machine with a CUDA GPU and this repository's
+# The GPU check of the Triton kernels, one command on a machine with a CUDA GPU and this repository's
 # environment (bash scripts/setup.sh, or torch + triton + this package installed):
 #   1. the kernels' correctness tests compiled on the GPU (pytest -m cuda: every output and gradient against the
 #      references, as the CPU suite runs them in Triton's interpreter);
@@ -11,7 +11,8 @@
 # 8 minutes. `bash scripts/gpu_check.sh OUT models` then times the whole 2-layer models (width 512, B 8, N 1024,
 # bf16 autocast, their steps alternating) against their baselines, with the block sizes OUT/tune.txt chose (~3
 # minutes more). PYTHON picks the interpreter (default .venv/bin/python, else python3: a machine with torch, triton,
-# transformers and pytest, such as a lent device machine, runs this package from src/ without installing it).
+# transformers and pytest, e.g. a fresh GPU machine, runs this package from src/ without installing it).
+# What is known of the kernels on GPUs so far, and the switch that turns them off: docs/gpu.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}

