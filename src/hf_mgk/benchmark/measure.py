@@ -56,6 +56,49 @@ def timed(step, repeats, warm_up=None):
     return {"seconds": statistics.median(times) if times else None, "peak_mib": max(peak, 0) / 2**20}, warm
 
 
+def allocated_peaks(makers, warm_up=True):
+    """The CPU peak of each step, to the byte, all in this process: for each `make` of `makers` (called outside the
+    measurement, returning a step), the most bytes torch's CPU allocator held during one call of that step above
+    what it held when the call began. `timed`'s figure is the process's peak RSS, which a process cannot reset
+    (one measurement per child) and which pages and malloc arenas blur at a few MiB; this one reads the running
+    total (`total_allocated`) of the allocation events that torch's profiler records with profile_memory, in one
+    profiler session for all steps, each inside its own record_function. Memory that libraries take outside torch's
+    allocator (oneDNN, FFT plans) is not counted. With `warm_up`, each step's first call (one-time allocations) is
+    a separate step from `make` run before the measured one, outside the measurement."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        for i, make in enumerate(makers):
+            if warm_up:
+                make()()
+            step = make()
+            with record_function(f"hf_mgk.allocated_peaks.{i}"):
+                step()
+            del step
+    peaks = [0] * len(makers)
+    for node in _nodes(prof.profiler.kineto_results.experimental_event_tree()):
+        if not node.name.startswith("hf_mgk.allocated_peaks."):
+            continue
+        # every allocation and free under the step's record_function, its backward included
+        events = [(e.start_time_ns, e.extra_fields.alloc_size, e.extra_fields.total_allocated)
+                  for e in _nodes(node.children) if e.tag == _EventType.Allocation]
+        if events:
+            events.sort()
+            start = events[0][2] - events[0][1]  # the running total before the step's first event
+            peaks[int(node.name.rsplit(".", 1)[1])] = max(0, max(total for *_, total in events) - start)
+    return peaks
+
+
+def _nodes(roots):
+    """Every node of a profiler event tree under `roots`, roots included."""
+    stack = list(roots)
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(node.children)
+
+
 def step_seconds(step):
     """Seconds of one call of `step`, synchronised on a GPU."""
     start = time.perf_counter()

@@ -13,11 +13,12 @@ from .tables import format_ms
 NPRF_PATHS = ("explicit", "fft", "band")
 
 
-def nprf_attention_step(path, length, causal, batch):
-    """fwd+bwd of one attention call on random (B, H, N, D) inputs: SDPA or one exact NPRF path."""
+def nprf_attention_step(path, length, causal, batch, size=None):
+    """fwd+bwd of one attention call on random (B, H, N, D) inputs: SDPA or one exact NPRF path; `size` in place
+    of NPRF_ATTN's heads, head_dim, features where it names them."""
     from hf_mgk import attention_nprf as an
 
-    h, d, m = (NPRF_ATTN[k] for k in ("heads", "head_dim", "features"))
+    h, d, m = ({**NPRF_ATTN, **(size or {})}[k] for k in ("heads", "head_dim", "features"))
     q, k, v = (torch.randn(batch, h, length, d, requires_grad=True) for _ in range(3))
     # A dense upstream gradient, as from the layers above (`.sum().backward()` would pass a stride-0 one, which
     # makes bmm's backward copy it matrix by matrix).
