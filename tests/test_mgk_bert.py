@@ -438,3 +438,32 @@ def test_check_remote_code_runs_only_an_auto_class_name(auto_class, tmp_path, mo
     with pytest.raises(ValueError, match="auto_class must name one of transformers' Auto classes"):
         check_remote_code(tmp_path, {"input_ids": torch.ones(1, 2, dtype=torch.long)}, auto_class=auto_class)
     assert not started and not (tmp_path / "injected").exists()
+
+
+def test_a_hooked_key_projection_is_not_bypassed():
+    """MGK option A fuses its M key projections into one product only while they are bare layers: a forward hook
+    on one (as a LoRA layer or a quantised layer would wrap it) changes the attention's output, and a hook that
+    changes nothing gives the fused path's output."""
+    import hf_mgk
+    import tiny
+
+    torch.manual_seed(0)
+    model = hf_mgk.MGKBertModel(hf_mgk.MGKBertConfig(**tiny.bert(dropout=False), num_keys=3)).eval()
+    ids = torch.randint(5, 99, (2, 7))
+    attention = model.encoder.layer[0].attention.self
+    seen = []
+    attention.register_forward_hook(lambda m, args, out: seen.append(out[0]))
+
+    def attention_output(module=None, hook=None):
+        handle = module.register_forward_hook(hook) if module is not None else None
+        with torch.no_grad():
+            model(input_ids=ids)
+        if handle is not None:
+            handle.remove()
+        return seen[-1]
+
+    fused = attention_output()
+    for module in (attention.key, attention.extra_keys[0]):
+        torch.testing.assert_close(attention_output(module, lambda m, args, out: out), fused)
+        changed = attention_output(module, lambda m, args, out: out * 3 + 1)
+        assert (changed - fused).abs().max() > 1e-2 * fused.abs().max()

@@ -334,3 +334,24 @@ def test_sequence_classification_reads_the_last_real_token():
     labels = torch.tensor([0, 2, 1])
     loss = model(ids, attention_mask=mask, position_ids=positions(mask), labels=labels).loss
     assert_close(loss, torch.nn.functional.cross_entropy(logits, labels), rtol=1e-5)
+
+
+def test_a_hooked_projection_is_not_bypassed():
+    """MGK-GPT2 option A fuses Q, V and the M keys into one product only while c_attn and the extra keys are bare
+    layers: a forward hook on one changes the outputs; a hook that changes nothing gives the fused outputs."""
+    import hf_mgk
+    import tiny
+
+    torch.manual_seed(0)
+    model = hf_mgk.MGKGPT2Model(hf_mgk.MGKGPT2Config(**tiny.gpt2(dropout=False), num_keys=2)).eval()
+    ids = torch.randint(5, 99, (2, 7))
+    with torch.no_grad():
+        fused = model(input_ids=ids).last_hidden_state
+        for module in (model.h[0].attn.c_attn, model.h[0].attn.extra_keys[0]):
+            handle = module.register_forward_hook(lambda m, args, out: out)
+            assert torch.allclose(model(input_ids=ids).last_hidden_state, fused, atol=1e-6)
+            handle.remove()
+            handle = module.register_forward_hook(lambda m, args, out: out * 2)
+            changed = model(input_ids=ids).last_hidden_state
+            handle.remove()
+            assert not torch.allclose(changed, fused, atol=1e-3)

@@ -282,15 +282,6 @@ LORA_CASES = {
                              r"roberta\.encoder\.layer\.\d\.attention\.(self\.(query|key|value)|output\.dense)",
                              saved=("relative_position",)),
 }
-# Known bug: MGK's option A ("mgk", "mlk") computes its M key projections as one matmul of the projections'
-# concatenated `.weight` / `.bias` (modeling_mgk_bert.py `_keys`; modeling_mgk_gpt2.py `_project`, which fuses Q, V
-# and the keys), so a module that wraps a projection (a LoRA layer, a forward hook) never runs: LoRA on `key` /
-# `extra_keys.*` (MGK-GPT2: `c_attn` too) has no effect and gets no gradient. Remove a case from here once fixed:
-# its fast test then passes (a strict xfail fails until then) and the test without hf_mgk takes it again.
-LORA_BROKEN = {name: "MGK option A's fused key projections bypass the LoRA layers (modeling_mgk_bert._keys, "
-                     "modeling_mgk_gpt2._project)" for name in ("mgk-bert", "mgk-gpt2")}
-
-
 def lora_model(case, **fields):
     """A tiny LM of the case's family (vocabulary 99, no dropout) and a batch with labels (padded rows, -100 at
     the padding) for it."""
@@ -328,9 +319,7 @@ def lora_names(trained):
     return {name for name, module in trained.named_modules() if isinstance(module, peft.tuners.lora.LoraLayer)}
 
 
-@pytest.mark.parametrize("case_name", [
-    pytest.param(name, marks=[pytest.mark.xfail(strict=True, reason=LORA_BROKEN[name])] if name in LORA_BROKEN else [])
-    for name in sorted(LORA_CASES)])
+@pytest.mark.parametrize("case_name", sorted(LORA_CASES))
 def test_lora_adapter_trained_one_step_reloads_on_the_saved_folder(case_name, tmp_path):
     """Train, save, reload: the adapter sits on every attention projection (MGK's extra keys included) and nowhere
     else; it and the modules to save train, the family's own parameters stay frozen; an untrained adapter changes
@@ -415,7 +404,7 @@ def test_lora_adapters_reload_on_the_remote_code_models_without_hf_mgk(tmp_path)
     (transformers_modules) with the logits it had here, and the whole round trip run there on the remote-code
     classes (train one step, save, reload) gives the trained logits again."""
     jobs, expected = {}, {}
-    cases = {name: case for name, case in LORA_CASES.items() if name not in LORA_BROKEN}
+    cases = LORA_CASES
     for name, case in cases.items():
         model, batch = saved_lora_case(case, tmp_path / name / "base")
         numbers, _, _ = lora_round_trip(FAMILIES[case.family].auto, str(tmp_path / name / "base"), case.lora,

@@ -13,6 +13,8 @@ import math
 import torch
 from torch import nn
 
+from transformers.pytorch_utils import Conv1D
+
 from .attention_mgk import mgk_attention, mgk_responsibilities, mlk_attention, smgk_attention
 from .modeling_common import is_full_mask, parent_of, softmax_attention
 from .transformers_compat import init
@@ -165,4 +167,11 @@ def extra_key_start(first_key_weight, std):
     return first_key_weight + std * 0.1 * torch.randn_like(first_key_weight)
 
 
-__all__ = ["SEPARATE_KEY_TYPES", "MGKAttentionCore", "extra_key_start", "init_mgk_weights"]
+def plain_projections(*modules):
+    """Whether each projection is a bare nn.Linear / Conv1D without hooks, whose weights can be concatenated into
+    one product. A projection wrapped by anything (a peft LoRA layer, a forward hook, a quantised layer) must run
+    its own forward instead, or the wrapper would be bypassed silently."""
+    return all(type(m) in (nn.Linear, Conv1D) and not m._forward_hooks and not m._forward_pre_hooks for m in modules)
+
+
+__all__ = ["SEPARATE_KEY_TYPES", "MGKAttentionCore", "extra_key_start", "init_mgk_weights", "plain_projections"]

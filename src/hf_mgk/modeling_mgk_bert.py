@@ -44,7 +44,7 @@ from .modeling_heads import (
     SequenceClassificationHeadMixin,
     TokenClassificationHeadMixin,
 )
-from .modeling_mgk import MGKAttentionCore, init_mgk_weights
+from .modeling_mgk import MGKAttentionCore, init_mgk_weights, plain_projections
 from .modeling_warm_start import ENCODER_HEAD_TENSORS, HeadSelectionMixin
 from .transformers_compat import TiedParametersCompat, init
 
@@ -76,10 +76,13 @@ class MGKBertSelfAttention(MGKAttentionCore):
         """The keys in their stored form: option A (B, H, M, S, D), option B and softmax (B, H, S, D)."""
         if not self.has_extra_keys:
             return self._heads(self.key(hidden_states))
-        # One matmul for all M projections: concatenating the weights costs d*M*H*D, the matmul B*N times more.
-        weight = torch.cat([self.key.weight] + [k.weight for k in self.extra_keys])
-        bias = torch.cat([self.key.bias] + [k.bias for k in self.extra_keys])
-        keys = nn.functional.linear(hidden_states, weight, bias)
+        if plain_projections(self.key, *self.extra_keys):
+            # One matmul for all M projections: concatenating the weights costs d*M*H*D, the matmul B*N times more.
+            weight = torch.cat([self.key.weight] + [k.weight for k in self.extra_keys])
+            bias = torch.cat([self.key.bias] + [k.bias for k in self.extra_keys])
+            keys = nn.functional.linear(hidden_states, weight, bias)
+        else:  # a wrapped projection (LoRA, a hook) runs its own forward
+            keys = torch.cat([self.key(hidden_states)] + [k(hidden_states) for k in self.extra_keys], dim=-1)
         b, s = keys.shape[:2]
         return keys.view(b, s, self.num_keys, self.num_heads, self.head_dim).permute(0, 3, 2, 1, 4)
 

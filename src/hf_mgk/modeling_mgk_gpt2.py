@@ -40,7 +40,7 @@ from .modeling_decoder import (
     cache_update,
 )
 from .modeling_heads import CausalLMHeadMixin  # noqa: F401
-from .modeling_mgk import SEPARATE_KEY_TYPES, MGKAttentionCore, extra_key_start, init_mgk_weights
+from .modeling_mgk import SEPARATE_KEY_TYPES, MGKAttentionCore, extra_key_start, init_mgk_weights, plain_projections
 from .modeling_warm_start import head_index
 from .transformers_compat import init  # noqa: F401
 
@@ -76,14 +76,18 @@ class MGKGPT2Attention(MGKAttentionCore):
         if not self.has_extra_keys:
             query, key, value = self.c_attn(hidden_states).split(inner, dim=-1)
             return self._heads(query), self._heads(key), self._heads(value)
-        # One matmul for Q, V and the M keys, the keys last so that they come out as one (B, N, M, H, D) block.
-        w, b = self.c_attn.weight, self.c_attn.bias
-        weight = torch.cat([w[:, :inner], w[:, 2 * inner:], w[:, inner:2 * inner]] + [k.weight for k in self.extra_keys],
-                           dim=1)
-        bias = torch.cat([b[:inner], b[2 * inner:], b[inner:2 * inner]] + [k.bias for k in self.extra_keys])
-        projected = torch.addmm(bias, hidden_states.reshape(-1, hidden_states.shape[-1]), weight)
-        query, value, keys = projected.view(*hidden_states.shape[:-1], -1).split([inner, inner, self.num_keys * inner],
-                                                                                  dim=-1)
+        if plain_projections(self.c_attn, *self.extra_keys):
+            # One matmul for Q, V and the M keys, the keys last so that they come out as one (B, N, M, H, D) block.
+            w, b = self.c_attn.weight, self.c_attn.bias
+            weight = torch.cat([w[:, :inner], w[:, 2 * inner:], w[:, inner:2 * inner]]
+                               + [k.weight for k in self.extra_keys], dim=1)
+            bias = torch.cat([b[:inner], b[2 * inner:], b[inner:2 * inner]] + [k.bias for k in self.extra_keys])
+            projected = torch.addmm(bias, hidden_states.reshape(-1, hidden_states.shape[-1]), weight)
+            query, value, keys = projected.view(*hidden_states.shape[:-1], -1).split(
+                [inner, inner, self.num_keys * inner], dim=-1)
+        else:  # a wrapped projection (LoRA, a hook) runs its own forward
+            query, key, value = self.c_attn(hidden_states).split(inner, dim=-1)
+            keys = torch.cat([key] + [k(hidden_states) for k in self.extra_keys], dim=-1)
         # view with the traced sizes, not unflatten: torch.jit.trace (TorchScript ONNX export) keeps unflatten's
         # output sizes as constants, which froze the batch size of the exported graph
         keys = keys.view(*keys.shape[:-1], self.num_keys, self.num_heads, self.head_dim).permute(0, 3, 2, 1, 4)
