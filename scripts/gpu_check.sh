@@ -13,8 +13,22 @@
 # minutes more). PYTHON picks the interpreter (default .venv/bin/python, else python3: a machine with torch, triton,
 # transformers and pytest, e.g. a fresh GPU machine, runs this package from src/ without installing it).
 # What is known of the kernels on GPUs so far, and the switch that turns them off: docs/gpu.md.
+# Every step runs even when one before it failed (one call on a GPU machine gathers all it can), and the command
+# exits 1 at the end, naming the steps that failed, if any did (a failing test, a time-out, a crash).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+FAILED=()
+step() {  # step NAME COMMAND...: run it; its status (the pipeline's, with pipefail) decides
+    local name=$1
+    shift
+    "$@" || FAILED+=("$name")
+}
+finish() {
+    if [ ${#FAILED[@]} -gt 0 ]; then
+        echo "gpu_check: FAILED: ${FAILED[*]}" >&2
+        exit 1
+    fi
+}
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 OUT=${1:-gpu_check}
 mkdir -p "$OUT"
@@ -24,23 +38,40 @@ $PY -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || { echo "g
 if [ "${2:-}" = models ]; then
     BLOCKS=$(grep -s '^HF_MGK_TRITON_BLOCKS=' "$OUT/tune.txt" | tail -1 | cut -d= -f2-)
     [ -n "$BLOCKS" ] && export HF_MGK_TRITON_BLOCKS="$BLOCKS"
+    models() {
+        timeout 90 $PY scripts/benchmark.py --family "$1" --models-only --device cuda --dtype bf16 --interleave \
+            --lengths 1024 --batch 8 --heads 8 --repeats 10 2>&1 | tee "$OUT/models_$1.txt"
+    }
     for family in mgk fish mgk-gpt2; do
-        timeout 90 $PY scripts/benchmark.py --family "$family" --models-only --device cuda --dtype bf16 --interleave \
-            --lengths 1024 --batch 8 --heads 8 --repeats 10 2>&1 | tee "$OUT/models_$family.txt"
+        step "models_$family" models "$family"
     done
+    finish
     exit 0
 fi
-$PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" \
-    | tee "$OUT/device.txt"
+device() {
+    $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" \
+        | tee "$OUT/device.txt"
+}
+step device device
 # the kernels compile per constant set: spread the tests over processes where pytest-xdist is there
 XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 16")
-HF_MGK_TEST_CUDA=1 timeout 190 $PY -m pytest -q -m cuda -p no:cacheprovider $XDIST \
-    tests/test_attention_mgk_triton.py tests/test_attention_fish_triton.py 2>&1 | tail -40 | tee "$OUT/pytest.txt"
-timeout 100 $PY -m hf_mgk.benchmark.tune --device cuda --dtype bf16 --repeats 10 2>&1 | tee "$OUT/tune.txt"
-BLOCKS=$(grep '^HF_MGK_TRITON_BLOCKS=' "$OUT/tune.txt" | tail -1 | cut -d= -f2-)
+kernel_tests() {
+    HF_MGK_TEST_CUDA=1 timeout 190 $PY -m pytest -q -m cuda -p no:cacheprovider $XDIST \
+        tests/test_attention_mgk_triton.py tests/test_attention_fish_triton.py 2>&1 | tail -40 | tee "$OUT/pytest.txt"
+}
+tune() {
+    timeout 100 $PY -m hf_mgk.benchmark.tune --device cuda --dtype bf16 --repeats 10 2>&1 | tee "$OUT/tune.txt"
+}
+step pytest kernel_tests
+step tune tune
+BLOCKS=$(grep -s '^HF_MGK_TRITON_BLOCKS=' "$OUT/tune.txt" | tail -1 | cut -d= -f2-)
 [ -n "$BLOCKS" ] && export HF_MGK_TRITON_BLOCKS="$BLOCKS"
+attention() {
+    timeout 80 $PY scripts/benchmark.py --family "$1" --attention-only --device cuda --dtype bf16 --interleave \
+        --lengths 1024 4096 --batch 8 --heads 8 --repeats 10 2>&1 | tee "$OUT/attention_$1.txt"
+}
 for family in mgk fish; do
-    timeout 80 $PY scripts/benchmark.py --family "$family" --attention-only --device cuda --dtype bf16 --interleave \
-        --lengths 1024 4096 --batch 8 --heads 8 --repeats 10 2>&1 | tee "$OUT/attention_$family.txt"
+    step "attention_$family" attention "$family"
 done
 echo "written: $OUT (HF_MGK_TRITON_BLOCKS=${BLOCKS:-default})"
+finish
