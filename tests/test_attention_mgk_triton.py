@@ -320,3 +320,20 @@ def test_kernels_compile_for_a_gpu_without_one():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]
+
+
+def test_dropout_past_the_kernels_counters_stays_off_them(monkeypatch):
+    """The kernels' dropout draws count N x S positions in 32 bits: past 2^31 auto keeps the torch paths (the
+    counters would wrap and repeat masks), and asking for the kernels says why; without dropout nothing is drawn."""
+    call = dict(e_step="soft", return_weights=False, device_type="cuda", dtype=torch.float32, autocast=False,
+                tracing=False, mask=None, triton=True)
+    assert choose_backend(**call, counter=2**31 - 1) == "triton"
+    assert choose_backend(**call, counter=2**31) == "sdpa"
+    why = am._refusals(**call, counter=2**31)["triton"]
+    assert why.startswith("dropout on sequences this long") and "2147483648 >= 2^31" in why
+    seen = []
+    monkeypatch.setattr(am, "choose_backend", lambda **facts: seen.append(facts["counter"]) or "dense")
+    q, v = torch.randn(1, 1, 3, 8), torch.randn(1, 1, 5, 8)
+    for p in (0.1, 0.0):
+        am.mgk_attention(q, torch.randn(1, 1, 2, 5, 8), v, variances=[1.0, 3.0], dropout_p=p)
+    assert seen == [15, 0]  # N x S = 3 x 5 with dropout

@@ -58,6 +58,13 @@ def test_each_package_exports_exactly_what_its_modules_define(package):
     assert sorted(pkg.__all__) == sorted(gathered)
 
 
+def _python(code):
+    """What a fresh interpreter running `code` prints (it must exit 0)."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip()
+
+
 def test_the_tooling_resolves_after_import_hf_mgk_alone():
     """`import hf_mgk` then `hf_mgk.flops.fish_cost(...)`, as the docs write it: the tooling loads on first use."""
     code = ("import hf_mgk\n"
@@ -65,9 +72,7 @@ def test_the_tooling_resolves_after_import_hf_mgk_alone():
             "assert callable(hf_mgk.metrics.load_metric) and callable(hf_mgk.reference.mgk_attention_reference)\n"
             "assert hf_mgk.analysis.__name__ == 'hf_mgk.analysis' and 'flops' in dir(hf_mgk)\n"
             "try:\n    hf_mgk.no_such_thing\nexcept AttributeError as e:\n    print(e)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip() == "module 'hf_mgk' has no attribute 'no_such_thing'"
+    assert _python(code) == "module 'hf_mgk' has no attribute 'no_such_thing'"
 
 
 def test_every_name_the_docs_give_resolves():
@@ -93,6 +98,4 @@ def test_every_name_the_docs_give_resolves():
             "            try:\n                obj = importlib.import_module('.'.join(['hf_mgk', *parts[:i + 1]]))\n"
             "            except ImportError:\n                bad.append(name)\n                break\n"
             "print(bad)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip() == "[]"
+    assert _python(code) == "[]"
