@@ -50,7 +50,7 @@ logger = logging.getLogger(__name__)
 _FALLBACKS_SAID = set()
 
 
-def say_fallback(why, path):
+def _say_fallback(why, path):
     """Log, once per reason, that the Triton kernels refused a call and `path` runs it instead."""
     if why in _FALLBACKS_SAID:
         return
@@ -72,7 +72,7 @@ def resolve_backend(backend, auto, refusals, device_type=None):
         why = refusals.get("triton")
         if (device_type == "cuda" and auto != "triton" and why is not None and not why.startswith("triton is not")
                 and not torch.compiler.is_compiling()):
-            say_fallback(why, auto)
+            _say_fallback(why, auto)
         return auto
     allowed = ", ".join(repr(name) for name in ("auto", *refusals))
     if backend in RETIRED_BACKENDS:

@@ -18,7 +18,8 @@ Four exact backends compute it (`choose_backend` picks one for backend="auto"):
   fused       linear mixing without noise as one SDPA call over H heads of query size M*D (_fused_attention);
   recomputed  blocks of query rows with a hand-written backward (_recomputed_attention, attention_fish_recomputed.py),
               which keeps the blocks' scores and weights for backward up to a byte budget and recomputes them
-              above (O(N) memory);
+              above (O(N) memory without noise; the noisy types keep their drawn noise, N x S numbers per call,
+              for backward);
   blocked     the formula on blocks of query rows through autograd (_blocked_attention); with return_weights in
               one piece, the output computed from the returned weights;
   triton      fused Triton kernels in the flash pattern, forward and backward (attention_fish_triton.py): CUDA tensors,
@@ -257,7 +258,8 @@ def _recomputed_attention(query, key, value, mixing, scale, noise_std, eps, atte
     diagonal tile is masked when causality is the only mask. Backward needs each block's global scores (the
     network's input and hidden layer for GFiSH) and softmax weights: they are kept from the forward while they
     take at most `keep_bytes` per call (faster), else recomputed per block like flash attention, so memory stays
-    O(N) at any length. Against autograd through _blocked_attention it also avoids the per-block zero-filled
+    O(N) at any length without noise. With noise (fish, mish, gfish) the call's noise, drawn once up front
+    (_draw_noise), is kept for backward: N x S numbers per call (half of them causal), whatever keep_bytes. Against autograd through _blocked_attention it also avoids the per-block zero-filled
     full-size gradients of the K and V slices and keeps fewer score-sized tensors: far fewer memory passes
     (timings: hf-mgk's docs/benchmarks/kernel-notes.md#fish-recomputed-path).
     """

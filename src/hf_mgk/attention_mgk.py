@@ -8,7 +8,7 @@ Every key position j carries M keys k_j1..k_jM with prior pi_r and fixed varianc
     score(i, j) = max_r (-|q_i - k_jr|^2 / (2 sigma_r^2))                 hard E-step (Sec. 2.3)
     h_i = sum_j softmax_j(score(i, j) + mask) v_j
 
-Three exact backends compute it (`choose_backend` picks one for backend="auto"):
+Four exact backends compute it (`choose_backend` picks one for backend="auto"):
   dense    the N x N x M matmul form; the only one that hands out the (B, H, N, S) weights.
   sdpa     the soft E-step as softmax attention over N*M keys whose values repeat v_j: with q~_i = [q_i, 1,
            -|q_i|^2/2] and k~_jr = [k_jr/sigma_r^2, log pi_r - |k_jr|^2/(2 sigma_r^2), 1/sigma_r^2], q~_i . k~_jr is
