@@ -9,6 +9,7 @@ family's models beside their softmax baseline, and the attention alone, as time,
   measurement, --interleave;
 - `memory`: the peak memory of the attention paths that can hold N x S numbers against SDPA's
   (`python -m hf_mgk.benchmark.memory`);
+- `static`: the kernels' static cost from their compiled SASS, no GPU (`python -m hf_mgk.benchmark.static`);
 - `counting`: FLOPs counted (FlopCounterMode) and by the papers' formulas;
 - `tables`, `figures`: the rows, the console and Markdown tables, --csv, --figures;
 - `cli`: the options and `main`; `python -m hf_mgk.benchmark` runs it, and is how each child is started."""
