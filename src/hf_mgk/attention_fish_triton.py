@@ -83,11 +83,11 @@ def noise_seed(generator, device):
 if triton is not None:
 
     @triton.jit
-    def _load3(ptr, b, offs_k, offs_r, offs_d, M, R, D):
-        """The (MP, BR, BD) tile of rows offs_r of a (B, M, R, D) tensor, zero outside it."""
+    def _load3(ptr, offs_k, offs_r, offs_d, M, R, D):
+        """The (MP, BR, BD) tile of rows offs_r of a batch's (M, R, D) block at ptr, zero outside it."""
         mask = (offs_k < M)[:, None, None] & (offs_r < R)[None, :, None] & (offs_d < D)[None, None, :]
-        return tl.load(ptr + ((b * M + offs_k[:, None, None]) * R + offs_r[None, :, None]) * D
-                       + offs_d[None, None, :], mask=mask, other=0.0)
+        return tl.load(ptr + (offs_k[:, None, None] * R + offs_r[None, :, None]) * D + offs_d[None, None, :],
+                       mask=mask, other=0.0)
 
     @triton.jit
     def _own_block(X, R, M, D, BLOCK: tl.constexpr, MP: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -95,7 +95,7 @@ if triton is not None:
         axis 1: (b, the rows' offsets, the (MP, BLOCK, BLOCK_D) tile, a float32 zero accumulator of its shape)."""
         b = tl.program_id(0)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        tile = _load3(X, b, tl.arange(0, MP), offs, tl.arange(0, BLOCK_D), M, R, D)
+        tile = _load3(X + b.to(tl.int64) * M * R * D, tl.arange(0, MP), offs, tl.arange(0, BLOCK_D), M, R, D)
         return b, offs, tile, tl.zeros([MP, BLOCK, BLOCK_D], tl.float32)
 
     @triton.jit
@@ -170,17 +170,20 @@ if triton is not None:
                     NSEED, MP: tl.constexpr, NETWORK: tl.constexpr, NOISE: tl.constexpr, PADDED: tl.constexpr,
                     CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-        bh = tl.program_id(0)
+        bh = tl.program_id(0)  # 32-bit: the dropout draws' key
         b, j = bh // H, bh % H
+        bh64 = bh.to(tl.int64)  # the bases' offsets in 64 bits (B H N D passes 2^31), the tiles' in 32
+        Q, K = Q + b.to(tl.int64) * M * N * D, K + b.to(tl.int64) * M * S * D
+        V, O, LSE = V + bh64 * S * DV, O + bh64 * N * DV, LSE + bh64 * N * 2
         start_m = tl.program_id(1) * BLOCK_M
         offs_m = start_m + tl.arange(0, BLOCK_M)
         offs_k, offs_d, offs_dv = tl.arange(0, MP), tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
-        q3 = _load3(Q, b, offs_k, offs_m, offs_d, M, N, D)
+        q3 = _load3(Q, offs_k, offs_m, offs_d, M, N, D)
         m_i, l_i, acc = _softmax_state(BLOCK_M, BLOCK_DV)
         hi = _key_end(start_m, BLOCK_M, N, S, CAUSAL)
         for start_n in range(0, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
-            k3 = _load3(K, b, offs_k, offs_n, offs_d, M, S, D)
+            k3 = _load3(K, offs_k, offs_n, offs_d, M, S, D)
             x3, _ = _global(q3, k3, b, offs_k, offs_m, offs_n, N, S, M, scale, SIG, NSEED, NETWORK, NOISE, PREC)
             a, _ = _mixed(x3, b, j, offs_k, offs_m, offs_n, N, S, M, H, W, STD, W1, B1, W2, B2, KB, NSEED, NETWORK,
                           NOISE, PADDED, CAUSAL)
@@ -189,7 +192,7 @@ if triton is not None:
             p = tl.exp2((a - m_use[:, None]) * _LOG2E)
             alpha = tl.exp2((m_i - m_use) * _LOG2E)
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(V + (bh * S + offs_n[:, None]) * DV + offs_dv[None, :],
+            v = tl.load(V + offs_n[:, None] * DV + offs_dv[None, :],
                         mask=(offs_n < S)[:, None] & (offs_dv < DV)[None, :], other=0.0)
             if DROPOUT:  # the weights dropped after the normalisation: l sums the undropped P
                 p = tl.where(_keep(SEED, bh, offs_m, offs_n, S, P_DROP), p / (1.0 - P_DROP), 0.0)
@@ -197,10 +200,10 @@ if triton is not None:
             m_i = m_new
         seen = l_i > 0  # a row that sees no key: output 0, max +inf (backward's weights all 0)
         out = acc / tl.where(seen, l_i, 1.0)[:, None]
-        tl.store(O + (bh * N + offs_m[:, None]) * DV + offs_dv[None, :], out.to(O.dtype.element_ty),
+        tl.store(O + offs_m[:, None] * DV + offs_dv[None, :], out.to(O.dtype.element_ty),
                  mask=(offs_m < N)[:, None] & (offs_dv < DV)[None, :])
-        tl.store(LSE + (bh * N + offs_m) * 2, tl.where(seen, m_i, float("inf")), mask=offs_m < N)
-        tl.store(LSE + (bh * N + offs_m) * 2 + 1, tl.log2(tl.where(seen, l_i, 1.0)), mask=offs_m < N)
+        tl.store(LSE + offs_m * 2, tl.where(seen, m_i, float("inf")), mask=offs_m < N)
+        tl.store(LSE + offs_m * 2 + 1, tl.log2(tl.where(seen, l_i, 1.0)), mask=offs_m < N)
 
     @triton.jit
     def _tile_grad(q3, k3, do, row_max, log2_l, delta, v, b, j, offs_k, offs_m, offs_n, N, S, M, H, scale, W, STD,
@@ -229,6 +232,8 @@ if triton is not None:
         """dq_k = scale sum_j sum_s dX_jk k_k for one block of query rows, and this program's shares of the mixing's
         gradients (per local head into DWP / DSP / DW2P / DB2P, summed over the heads into DW1P / DB1P / DSIGP)."""
         b, offs_m, q3, dq3 = _own_block(Q, N, M, D, BLOCK_M, MP, BLOCK_D)
+        b64 = b.to(tl.int64)  # the bases' offsets in 64 bits (B H N D passes 2^31), the tiles' in 32
+        K, DQ = K + b64 * M * S * D, DQ + b64 * M * N * D
         prog = b * tl.num_programs(1) + tl.program_id(1)
         start_m = tl.program_id(1) * BLOCK_M
         offs_k, offs_h = tl.arange(0, MP), tl.arange(0, HP)
@@ -239,11 +244,12 @@ if triton is not None:
         dsig = tl.zeros([MP], tl.float32)
         hi = _key_end(start_m, BLOCK_M, N, S, CAUSAL)
         for j in range(H):
-            bh = b * H + j
-            do = tl.load(DO + (bh * N + offs_m[:, None]) * DV + offs_dv[None, :],
+            bh = b64 * H + j
+            Vj = V + bh * S * DV
+            do = tl.load(DO + bh * N * DV + offs_m[:, None] * DV + offs_dv[None, :],
                          mask=rows[:, None] & (offs_dv < DV)[None, :], other=0.0)
-            row_max = tl.load(LSE + (bh * N + offs_m) * 2, mask=rows, other=float("inf"))
-            log2_l = tl.load(LSE + (bh * N + offs_m) * 2 + 1, mask=rows, other=0.0)
+            row_max = tl.load(LSE + bh * N * 2 + offs_m * 2, mask=rows, other=float("inf"))
+            log2_l = tl.load(LSE + bh * N * 2 + offs_m * 2 + 1, mask=rows, other=0.0)
             delta = tl.load(DELTA + bh * N + offs_m, mask=rows, other=0.0)
             dw = tl.zeros([MP], tl.float32)
             dstd = tl.zeros([BLOCK_M], tl.float32)
@@ -251,8 +257,8 @@ if triton is not None:
             dw2 = tl.zeros([HP], tl.float32)
             for start_n in range(0, hi, BLOCK_N):
                 offs_n = start_n + tl.arange(0, BLOCK_N)
-                k3 = _load3(K, b, offs_k, offs_n, offs_d, M, S, D)
-                v = tl.load(V + (bh * S + offs_n[:, None]) * DV + offs_dv[None, :],
+                k3 = _load3(K, offs_k, offs_n, offs_d, M, S, D)
+                v = tl.load(Vj + offs_n[:, None] * DV + offs_dv[None, :],
                             mask=(offs_n < S)[:, None] & (offs_dv < DV)[None, :], other=0.0)
                 x3, eps3, eps, _, da = _tile_grad(
                     q3, k3, do, row_max, log2_l, delta, v, b, j, offs_k, offs_m, offs_n, N, S, M, H, scale, W, STD, SIG,
@@ -274,7 +280,7 @@ if triton is not None:
             else:
                 tl.store(DWP + (prog * H + j) * MP + offs_k, dw)
                 tl.store(DSP + prog * H + j, tl.sum(dstd))
-        tl.store(DQ + ((b * M + offs_k[:, None, None]) * N + offs_m[None, :, None]) * D + offs_d[None, None, :],
+        tl.store(DQ + (offs_k[:, None, None] * N + offs_m[None, :, None]) * D + offs_d[None, None, :],
                  dq3 * scale, mask=(offs_k < M)[:, None, None] & rows[None, :, None] & (offs_d < D)[None, None, :])
         if NETWORK:
             tl.store(DW1P + (prog * HP + offs_h[:, None]) * MP + offs_k[None, :], dw1)
@@ -289,6 +295,8 @@ if triton is not None:
                        BLOCK_DV: tl.constexpr):
         """For one block of keys: dk_k = scale sum_j sum_i dX_jk^T q_k and each local head's dv_j = P_j^T dO_j."""
         b, offs_n, k3, dk3 = _own_block(K, S, M, D, BLOCK_N, MP, BLOCK_D)
+        b64 = b.to(tl.int64)  # the bases' offsets in 64 bits (B H N D passes 2^31), the tiles' in 32
+        Q, DK = Q + b64 * M * N * D, DK + b64 * M * S * D
         start_n = tl.program_id(1) * BLOCK_N
         offs_k, offs_h = tl.arange(0, MP), tl.arange(0, HP)
         offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
@@ -297,19 +305,20 @@ if triton is not None:
         unused2 = tl.zeros([HP, MP], tl.float32)
         lo = _query_start(start_n, BLOCK_M, N, S, CAUSAL)
         for j in range(H):
-            bh = b * H + j
-            v = tl.load(V + (bh * S + offs_n[:, None]) * DV + offs_dv[None, :],
+            bh = b64 * H + j
+            v = tl.load(V + bh * S * DV + offs_n[:, None] * DV + offs_dv[None, :],
                         mask=cols[:, None] & (offs_dv < DV)[None, :], other=0.0)
             dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+            DOj, LSEj, DELTAj = DO + bh * N * DV, LSE + bh * N * 2, DELTA + bh * N
             for start_m in range(lo, N, BLOCK_M):
                 offs_m = start_m + tl.arange(0, BLOCK_M)
                 rows = offs_m < N
-                q3 = _load3(Q, b, offs_k, offs_m, offs_d, M, N, D)
-                do = tl.load(DO + (bh * N + offs_m[:, None]) * DV + offs_dv[None, :],
+                q3 = _load3(Q, offs_k, offs_m, offs_d, M, N, D)
+                do = tl.load(DOj + offs_m[:, None] * DV + offs_dv[None, :],
                              mask=rows[:, None] & (offs_dv < DV)[None, :], other=0.0)
-                row_max = tl.load(LSE + (bh * N + offs_m) * 2, mask=rows, other=float("inf"))
-                log2_l = tl.load(LSE + (bh * N + offs_m) * 2 + 1, mask=rows, other=0.0)
-                delta = tl.load(DELTA + bh * N + offs_m, mask=rows, other=0.0)
+                row_max = tl.load(LSEj + offs_m * 2, mask=rows, other=float("inf"))
+                log2_l = tl.load(LSEj + offs_m * 2 + 1, mask=rows, other=0.0)
+                delta = tl.load(DELTAj + offs_m, mask=rows, other=0.0)
                 x3, _, _, p_used, da = _tile_grad(
                     q3, k3, do, row_max, log2_l, delta, v, b, j, offs_k, offs_m, offs_n, N, S, M, H, scale, W, STD, SIG,
                     W1, B1, W2, B2, KB, P_DROP, SEED, NSEED, NETWORK, NOISE, PADDED, CAUSAL, DROPOUT, PREC)
@@ -317,9 +326,9 @@ if triton is not None:
                 dx3, _, _, _ = _mixed_grad(x3, da, j, offs_k, offs_h, M, H, W, W1, B1, W2, unused2, unused, unused,
                                            NETWORK, False)
                 dk3 += _dot(tl.permute(dx3, 0, 2, 1).to(q3.dtype), q3, PREC)
-            tl.store(DVO + (bh * S + offs_n[:, None]) * DV + offs_dv[None, :], dv,
+            tl.store(DVO + bh * S * DV + offs_n[:, None] * DV + offs_dv[None, :], dv,
                      mask=cols[:, None] & (offs_dv < DV)[None, :])
-        tl.store(DK + ((b * M + offs_k[:, None, None]) * S + offs_n[None, :, None]) * D + offs_d[None, None, :],
+        tl.store(DK + (offs_k[:, None, None] * S + offs_n[None, :, None]) * D + offs_d[None, None, :],
                  dk3 * scale, mask=(offs_k < M)[:, None, None] & cols[None, :, None] & (offs_d < D)[None, None, :])
 
     @triton.jit
@@ -333,12 +342,13 @@ if triton is not None:
         seen = (offs_m < N)[:, None] & (offs_n < S)[None, :]
         if NETWORK:
             eps3 = _global_noise(NSEED, b, offs_k, offs_m, offs_n, N, S)
-            tl.store(E + ((b * M + offs_k[:, None, None]) * N + offs_m[None, :, None]) * S + offs_n[None, None, :],
+            tl.store(E + b.to(tl.int64) * M * N * S + (offs_k[:, None, None] * N + offs_m[None, :, None]) * S
+                     + offs_n[None, None, :],
                      eps3, mask=(offs_k < M)[:, None, None] & seen[None, :, :])
         else:
             for j in range(H):
                 eps = _linear_noise(NSEED, b, j, H, offs_m, offs_n, S)
-                tl.store(E + ((b * H + j) * N + offs_m[:, None]) * S + offs_n[None, :], eps, mask=seen)
+                tl.store(E + (b.to(tl.int64) * H + j) * N * S + offs_m[:, None] * S + offs_n[None, :], eps, mask=seen)
 
 
 def kernel_noise(seed, batch, num_global, num_heads, n, s, network, device):

@@ -87,15 +87,18 @@ if triton is not None:
                     SHARED: tl.constexpr,
                     PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_DV: tl.constexpr):
-        bh = tl.program_id(0)
+        bh = tl.program_id(0)  # 32-bit: the dropout draws' key
+        bh64 = bh.to(tl.int64)  # the head's base offsets in 64 bits (B H N D passes 2^31), its tiles' in 32
+        Q, O, LSE = Q + bh64 * N * D, O + bh64 * N * DV, LSE + bh64 * N
+        V, X, Y = V + bh64 * S * DV, X + bh64 * M * N, Y + bh64 * M * S
         start_m = tl.program_id(1) * BLOCK_M
         offs_m = start_m + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
         n_q, n_v = offs_d < D, offs_dv < DV
-        q = tl.load(Q + bh * N * D + offs_m[:, None] * D + offs_d[None, :], mask=(offs_m < N)[:, None] & n_q[None, :],
+        q = tl.load(Q + offs_m[:, None] * D + offs_d[None, :], mask=(offs_m < N)[:, None] & n_q[None, :],
                     other=0.0)
-        k_base = K + bh * (S * D if SHARED else M * S * D)
+        k_base = K + bh64 * (S * D if SHARED else M * S * D)
         m_i, l_i, acc = _softmax_state(BLOCK_M, BLOCK_DV)
         hi = _key_end(start_m, BLOCK_M, N, S, CAUSAL)
         for start_n in range(0, hi, BLOCK_N):
@@ -110,7 +113,7 @@ if triton is not None:
             lmax = tl.full([BLOCK_M, BLOCK_N], float("-inf"), tl.float32)
             for r in tl.static_range(M):
                 score = _scores(q, k_base + r * stride_kr + offs_n[:, None] * D + offs_d[None, :], r, S2,
-                                X + (bh * M + r) * N, Y + (bh * M + r) * S, offs_m, offs_n, n_q, n_q, N, S, qk0,
+                                X + r * N, Y + r * S, offs_m, offs_n, n_q, n_q, N, S, qk0,
                                 CAUSAL, SHARED, PREC)
                 if HARD:
                     lmax = tl.maximum(lmax, score)
@@ -124,7 +127,7 @@ if triton is not None:
                 p = tl.exp2(lmax - tl.where(m_cur == float("-inf"), 0.0, m_cur)[:, None])
             alpha = tl.exp2(m_i - tl.where(m_cur == float("-inf"), 0.0, m_cur))
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(V + bh * S * DV + offs_n[:, None] * DV + offs_dv[None, :],
+            v = tl.load(V + offs_n[:, None] * DV + offs_dv[None, :],
                         mask=(offs_n < S)[:, None] & n_v[None, :], other=0.0)
             pv = p
             if DROPOUT:  # a_ij dropped after the normalisation: Z sums the undropped P
@@ -134,9 +137,9 @@ if triton is not None:
         seen = l_i > 0  # a row that sees no key: output 0, lse +inf (backward's weights all 0)
         out = acc / tl.where(seen, l_i, 1.0)[:, None]
         lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("inf"))
-        tl.store(O + bh * N * DV + offs_m[:, None] * DV + offs_dv[None, :], out.to(O.dtype.element_ty),
+        tl.store(O + offs_m[:, None] * DV + offs_dv[None, :], out.to(O.dtype.element_ty),
                  mask=(offs_m < N)[:, None] & n_v[None, :])
-        tl.store(LSE + bh * N + offs_m, lse, mask=offs_m < N)
+        tl.store(LSE + offs_m, lse, mask=offs_m < N)
 
     @triton.jit
     def _bwd_dq_kernel(Q, K, V, X, Y, S2, DO, LSE, DELTA, DQ, DX, N, S, D, DV, stride_kr, P_DROP, SEED,
@@ -146,26 +149,29 @@ if triton is not None:
                        BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, WITH_DQ: tl.constexpr):
         """dq_i = sum_r s_r sum_j dL_ijr k_jr and dx_ir = sum_j dL_ijr for one block of query rows. Without WITH_DQ
         (and DELTA = 0) only the row sums: sum_r dx_ir is then delta_i = sum_jr a_ijr dO_i . v_j."""
-        bh = tl.program_id(0)
+        bh = tl.program_id(0)  # 32-bit: the dropout draws' key
+        bh64 = bh.to(tl.int64)  # the head's base offsets in 64 bits (B H N D passes 2^31), its tiles' in 32
+        Q, DO, DQ, DX = Q + bh64 * N * D, DO + bh64 * N * DV, DQ + bh64 * N * D, DX + bh64 * N * M
+        V, X, Y, LSE, DELTA = V + bh64 * S * DV, X + bh64 * M * N, Y + bh64 * M * S, LSE + bh64 * N, DELTA + bh64 * N
         start_m = tl.program_id(1) * BLOCK_M
         offs_m = start_m + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
         offs_r = tl.arange(0, MP)
         n_q, n_v, rows = offs_d < D, offs_dv < DV, offs_m < N
-        q = tl.load(Q + bh * N * D + offs_m[:, None] * D + offs_d[None, :], mask=rows[:, None] & n_q[None, :],
+        q = tl.load(Q + offs_m[:, None] * D + offs_d[None, :], mask=rows[:, None] & n_q[None, :],
                     other=0.0)
-        do = tl.load(DO + bh * N * DV + offs_m[:, None] * DV + offs_dv[None, :], mask=rows[:, None] & n_v[None, :],
+        do = tl.load(DO + offs_m[:, None] * DV + offs_dv[None, :], mask=rows[:, None] & n_v[None, :],
                      other=0.0)
-        lse = tl.load(LSE + bh * N + offs_m, mask=rows, other=float("inf"))
-        delta = tl.load(DELTA + bh * N + offs_m, mask=rows, other=0.0)
-        k_base = K + bh * (S * D if SHARED else M * S * D)
+        lse = tl.load(LSE + offs_m, mask=rows, other=float("inf"))
+        delta = tl.load(DELTA + offs_m, mask=rows, other=0.0)
+        k_base = K + bh64 * (S * D if SHARED else M * S * D)
         dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         dx = tl.zeros([BLOCK_M, MP], tl.float32)  # column r: the row sums of dL_r
         hi = _key_end(start_m, BLOCK_M, N, S, CAUSAL)
         for start_n in range(0, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
-            v = tl.load(V + bh * S * DV + offs_n[:, None] * DV + offs_dv[None, :],
+            v = tl.load(V + offs_n[:, None] * DV + offs_dv[None, :],
                         mask=(offs_n < S)[:, None] & n_v[None, :], other=0.0)
             dp = _dot(do, tl.trans(v), PREC)
             if DROPOUT:  # d a_ij = mask_ij dO_i . v_j / (1 - p)
@@ -182,7 +188,7 @@ if triton is not None:
             if HARD:  # the largest term and how many keys tie for it
                 for r in tl.static_range(M):
                     score = _scores(q, k_base + r * stride_kr + offs_n[:, None] * D + offs_d[None, :], r, S2,
-                                    X + (bh * M + r) * N, Y + (bh * M + r) * S, offs_m, offs_n, n_q, n_q, N, S, qk0,
+                                    X + r * N, Y + r * S, offs_m, offs_n, n_q, n_q, N, S, qk0,
                                     CAUSAL, SHARED, PREC)
                     count = tl.where(score > lmax, 1.0, tl.where(score == lmax, count + 1.0, count))
                     lmax = tl.maximum(lmax, score)
@@ -190,7 +196,7 @@ if triton is not None:
             dg = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)  # sMGK: sum_r s_r dL_r
             for r in tl.static_range(M):
                 score = _scores(q, k_base + r * stride_kr + offs_n[:, None] * D + offs_d[None, :], r, S2,
-                                X + (bh * M + r) * N, Y + (bh * M + r) * S, offs_m, offs_n, n_q, n_q, N, S, qk0,
+                                X + r * N, Y + r * S, offs_m, offs_n, n_q, n_q, N, S, qk0,
                                 CAUSAL, SHARED, PREC)
                 if HARD:
                     dl = tl.where(score == lmax, ds, 0.0)
@@ -209,8 +215,8 @@ if triton is not None:
             if SHARED and WITH_DQ:
                 dq += _dot(dg.to(k_shared.dtype), k_shared, PREC)
         if WITH_DQ:
-            tl.store(DQ + bh * N * D + offs_m[:, None] * D + offs_d[None, :], dq, mask=rows[:, None] & n_q[None, :])
-        tl.store(DX + bh * N * M + offs_m[:, None] * M + offs_r[None, :], dx,
+            tl.store(DQ + offs_m[:, None] * D + offs_d[None, :], dq, mask=rows[:, None] & n_q[None, :])
+        tl.store(DX + offs_m[:, None] * M + offs_r[None, :], dx,
                  mask=rows[:, None] & (offs_r < M)[None, :])
 
     @triton.jit
@@ -221,15 +227,20 @@ if triton is not None:
                         BLOCK_DV: tl.constexpr):
         """For key r of one block of keys: s_r sum_i dL_ijr q_i (DK[r]), dy_jr = sum_i dL_ijr, and the share of
         dv_j that key r's weights give, sum_i a_ijr dO_i (DV_OUT[r]; the shares sum to dv over r)."""
-        bh = tl.program_id(0)
+        bh = tl.program_id(0)  # 32-bit: the dropout draws' key
         start_n = tl.program_id(1) * BLOCK_N
         r_own = tl.program_id(2)
+        bh64 = bh.to(tl.int64)  # the head's base offsets in 64 bits (B H N D passes 2^31), its tiles' in 32
+        Q, DO, LSE, DELTA = Q + bh64 * N * D, DO + bh64 * N * DV, LSE + bh64 * N, DELTA + bh64 * N
+        V, X, Y, DY = V + bh64 * S * DV, X + bh64 * M * N, Y + bh64 * M * S, DY + (bh64 * M + r_own) * S
+        part = r_own.to(tl.int64) * tl.num_programs(0) + bh64  # DK and DV_OUT: (M, BH, S, D)
+        DK, DV_OUT = DK + part * S * D, DV_OUT + part * S * DV
         offs_n = start_n + tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
         n_q, n_v, cols = offs_d < D, offs_dv < DV, offs_n < S
-        k_base = K + bh * (S * D if SHARED else M * S * D)
-        v = tl.load(V + bh * S * DV + offs_n[:, None] * DV + offs_dv[None, :], mask=cols[:, None] & n_v[None, :],
+        k_base = K + bh64 * (S * D if SHARED else M * S * D)
+        v = tl.load(V + offs_n[:, None] * DV + offs_dv[None, :], mask=cols[:, None] & n_v[None, :],
                     other=0.0)
         k_shared = tl.load(k_base + offs_n[:, None] * D + offs_d[None, :], mask=cols[:, None] & n_q[None, :],
                            other=0.0)
@@ -241,12 +252,12 @@ if triton is not None:
         for start_m in range(lo, N, BLOCK_M):
             offs_m = start_m + tl.arange(0, BLOCK_M)
             rows = offs_m < N
-            q = tl.load(Q + bh * N * D + offs_m[:, None] * D + offs_d[None, :], mask=rows[:, None] & n_q[None, :],
+            q = tl.load(Q + offs_m[:, None] * D + offs_d[None, :], mask=rows[:, None] & n_q[None, :],
                         other=0.0)
-            do = tl.load(DO + bh * N * DV + offs_m[:, None] * DV + offs_dv[None, :],
+            do = tl.load(DO + offs_m[:, None] * DV + offs_dv[None, :],
                          mask=rows[:, None] & n_v[None, :], other=0.0)
-            lse = tl.load(LSE + bh * N + offs_m, mask=rows, other=float("inf"))
-            delta = tl.load(DELTA + bh * N + offs_m, mask=rows, other=0.0)
+            lse = tl.load(LSE + offs_m, mask=rows, other=float("inf"))
+            delta = tl.load(DELTA + offs_m, mask=rows, other=0.0)
             qk0 = q
             if SHARED:
                 qk0 = _dot(q, tl.trans(k_shared), PREC)
@@ -256,14 +267,14 @@ if triton is not None:
             for r in tl.static_range(M):
                 if HARD or M == 1:
                     score = _scores(q, k_base + r * stride_kr + offs_n[:, None] * D + offs_d[None, :], r, S2,
-                                    X + (bh * M + r) * N, Y + (bh * M + r) * S, offs_m, offs_n, n_q, n_q, N, S,
+                                    X + r * N, Y + r * S, offs_m, offs_n, n_q, n_q, N, S,
                                     qk0, CAUSAL, SHARED, PREC)
                     count = tl.where(score > lmax, 1.0, tl.where(score == lmax, count + 1.0, count))
                     lmax = tl.maximum(lmax, score)
                     own = tl.where(r_own == r, score, own)
             if not HARD and M > 1:  # the soft weights of key r need its own term only
                 own = _scores(q, k_base + r_own * stride_kr + offs_n[:, None] * D + offs_d[None, :], r_own, S2,
-                              X + (bh * M + r_own) * N, Y + (bh * M + r_own) * S, offs_m, offs_n, n_q, n_q, N, S,
+                              X + r_own * N, Y + r_own * S, offs_m, offs_n, n_q, n_q, N, S,
                               qk0, CAUSAL, SHARED, PREC)
             if HARD:  # key r's share of a_ij: a_ij / count where it has the largest term
                 a = tl.where(own == lmax, tl.exp2(lmax - lse[:, None]) / count, 0.0)
@@ -280,11 +291,11 @@ if triton is not None:
             dl = a * (dp - delta[:, None])
             dy += tl.sum(dl, 0)
             dk += _dot(tl.trans(dl * s_own).to(q.dtype), q, PREC)
-        tl.store(DK + ((r_own * tl.num_programs(0) + bh) * S + offs_n[:, None]) * D + offs_d[None, :], dk,
+        tl.store(DK + offs_n[:, None] * D + offs_d[None, :], dk,
                  mask=cols[:, None] & n_q[None, :])
-        tl.store(DV_OUT + ((r_own * tl.num_programs(0) + bh) * S + offs_n[:, None]) * DV + offs_dv[None, :], dv,
+        tl.store(DV_OUT + offs_n[:, None] * DV + offs_dv[None, :], dv,
                  mask=cols[:, None] & n_v[None, :])
-        tl.store(DY + (bh * M + r_own) * S + offs_n, dy, mask=cols)
+        tl.store(DY + offs_n, dy, mask=cols)
 
 
 class _TritonMGK(torch.autograd.Function):
