@@ -326,8 +326,8 @@ def test_kernels_compile_for_a_gpu_without_one(arch):
     """What only the compiler rejects (types of loop-carried values, constexpr branches, 3-D dot shapes) shows
     here: the kernels compiled for sm_90, sm_86 and sm_80 (Triton's frontend and ptxas, no GPU needed), linear and
     network mixing in bfloat16 with noise, dropout, padding and causal masks; the forward with M = 1; the kernel that
-    writes the noise out. Blocks of 32 (12 s for the six main kernels here; the GPU's blocks of 64 compile too, in 43 s, and
-    float32's "tf32x3" products in ~6 s a kernel: checked by hand, not here)."""
+    writes the noise out. Blocks of 32 (12 s for the six main kernels here; the GPU's blocks of 64 compile too, in
+    43 s, and float32's "tf32x3" products in ~6 s a kernel: checked by hand, not here)."""
     import subprocess
     import sys
 

@@ -314,9 +314,9 @@ print("compiled")
 def test_kernels_compile_for_a_gpu_without_one(arch):
     """The interpreter runs the kernels as Python, so what only the compiler rejects (types of loop-carried values,
     constexpr branches, dot shapes) shows here: the kernels compiled for sm_90, sm_86 and sm_80 (Triton's frontend
-    and ptxas, no GPU needed), soft MGK and hard sMGK in bfloat16, with dropout and causal masks (float32's IEEE products take ~10 s
-    a kernel to compile: checked by hand). Blocks of 32 (the GPU's 64 compile too, in about three times as long:
-    checked by hand)."""
+    and ptxas, no GPU needed), soft MGK and hard sMGK in bfloat16, with dropout and causal masks (float32's IEEE
+    products take ~10 s a kernel to compile: checked by hand). Blocks of 32 (the GPU's 64 compile too, in about
+    three times as long: checked by hand)."""
     import subprocess
     import sys
 
