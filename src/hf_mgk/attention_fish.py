@@ -40,8 +40,9 @@ from torch import nn
 
 from .attention_blocks import autocast_enabled, resolve_backend, row_blocks
 from .attention_fish_recomputed import RecomputedFiSH, mix
-from .attention_fish_triton import MAX_COUNTER, MAX_GLOBAL_HEADS, counters, fish_triton
+from .attention_fish_triton import MAX_GLOBAL_HEADS, counters, fish_triton
 from .attention_masks import allowed_pairs, is_tracing, mask_kind, masked_scores
+from .attention_triton import MAX_COUNTER
 from .attention_triton import available as triton_available
 from .attention_triton import refusal as triton_refusal
 

@@ -53,12 +53,11 @@ __all__ = ["MAX_GLOBAL_HEADS", "block_sizes", "counters", "fish_triton", "kernel
 
 # The global heads' tile is (M rows-by-keys blocks) in registers: more than this would spill.
 MAX_GLOBAL_HEADS = 8
-# The counters of the noise and dropout draws are 32-bit: N S (M N S for a network's noise) must stay below this.
-MAX_COUNTER = 2**31
 
 
 def counters(num_global, n, s, network, noise):
-    """The largest counter a call's draws use, + 1 (compare with MAX_COUNTER)."""
+    """The largest counter a call's draws use, + 1 (compare with attention_triton.MAX_COUNTER): N S, M N S for a
+    network's noise."""
     return (num_global if network and noise else 1) * n * s
 
 

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from .attention_blocks import autocast_enabled, resolve_backend
 from .attention_mgk_blocked import BLOCK_ROWS, KEEP_BYTES, MIN_ROW_SUM, mgk_blocked
 from .attention_mgk_triton import mgk_triton
+from .attention_triton import MAX_COUNTER
 from .attention_mgk_triton import available as triton_available
 from .attention_mgk_triton import refusal as triton_refusal
 from .attention_masks import allowed_pairs, causal_mask, is_tracing, mask_kind, masked_scores
@@ -94,7 +95,7 @@ def _triton_refusal(*, return_weights, device_type, dtype, tracing, mask, triton
               else f"{num_keys} keys per position (the kernels are tested for M = 1 to {MAX_TRITON_KEYS})"
               if num_keys > MAX_TRITON_KEYS
               else f"dropout on sequences this long (the kernels' dropout draws count N x S positions in 32 bits: "
-                   f"{counter} >= 2^31)" if counter >= 2**31 else None)
+                   f"{counter} >= 2^31)" if counter >= MAX_COUNTER else None)
     return triton_refusal(device_type, head_size, installed=triton, family=family, mask=mask, tracing=tracing,
                           dtype=dtype)
 

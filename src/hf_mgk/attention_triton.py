@@ -23,7 +23,7 @@ except ImportError:  # no Triton: `available()` is False and the torch backends 
     triton = None
     tl = None
 
-__all__ = ["LOG2E", "MAX_HEAD_SIZE", "available", "interpreting", "precision", "refusal", "shape_class", "switched_on",
+__all__ = ["LOG2E", "MAX_COUNTER", "MAX_HEAD_SIZE", "available", "interpreting", "precision", "refusal", "shape_class", "switched_on",
            "tuned_blocks"]
 
 logger = logging.getLogger(__name__)
@@ -31,6 +31,9 @@ logger = logging.getLogger(__name__)
 # Head sizes (of q / k and of v) up to this are padded to a power of two >= 16 inside the kernels (masked loads).
 MAX_HEAD_SIZE = 128
 LOG2E = 1.4426950408889634
+# The random draws (dropout masks, FiSH's noise) are keyed by 32-bit counters of the positions they cover: a call
+# whose counters reach this is refused (they would wrap and repeat draws).
+MAX_COUNTER = 2**31
 
 
 SWITCH_VALUES = {"1": True, "true": True, "on": True, "yes": True, "0": False, "false": False, "off": False,
