@@ -145,9 +145,11 @@ def _signal_all(pids, sig):
             pass
 
 
-def run_bounded(command, env, timeout, done=None, grace=30):
+def run_bounded(command, env, timeout, done=None, grace=30, stacks=None):
     """Run `command` (its own session), returning its CompletedProcess; fail the test with every process's stack
-    if it has not ended `timeout` seconds after its start, or `grace` seconds after the file `done` appeared."""
+    if it has not ended `timeout` seconds after its start, or `grace` seconds after the file `done` appeared.
+    `stacks(pids)`: more about the stuck processes (e.g. their native stacks), taken before they are stopped and
+    put first in the failure."""
     import tempfile
 
     # the output goes to files, read at the end: pipes would need reading while the command runs
@@ -163,22 +165,30 @@ def run_bounded(command, env, timeout, done=None, grace=30):
             if now - start > timeout or (saved_at is not None and now - saved_at > grace):
                 why = (f"did not finish in {timeout}s" if now - start > timeout else
                        f"wrote {os.path.basename(done)} and did not exit within {grace}s")
-                _stop_all(proc)
+                family = _process_tree(proc)
+                more = stacks(family) if stacks is not None else ""
+                _stop_all(proc, family)
                 err_file.seek(0)
                 pytest.fail(f"{' '.join(command[:6])} ... {why}; the stacks of its processes (faulthandler, on "
-                            f"SIGABRT):\n{err_file.read()[-12000:]}")
+                            f"SIGABRT):\n{more}{err_file.read()[-12000:]}")
             time.sleep(0.2)
         out_file.seek(0)
         err_file.seek(0)
         return subprocess.CompletedProcess(command, proc.returncode, out_file.read(), err_file.read())
 
 
-def _stop_all(proc):
-    """SIGABRT to `proc` and every process below it, found before any dies (torchrun starts its ranks in sessions
-    of their own, which a group signal misses); SIGKILL to those still alive 60 s later."""
+def _process_tree(proc):
+    """`proc` and every process below it, found before any dies (torchrun starts its ranks in sessions of their own,
+    which a group signal misses)."""
     import psutil
 
-    family = [proc.pid] + [child.pid for child in psutil.Process(proc.pid).children(recursive=True)]
+    return [proc.pid] + [child.pid for child in psutil.Process(proc.pid).children(recursive=True)]
+
+
+def _stop_all(proc, family):
+    """SIGABRT to `family` (`_process_tree(proc)`); SIGKILL to those still alive 60 s later."""
+    import psutil
+
     _signal_all(family, signal.SIGABRT)
     gone, alive = psutil.wait_procs([p for p in map(_process, family) if p is not None], timeout=60)
     _signal_all([p.pid for p in alive], signal.SIGKILL)

@@ -76,8 +76,11 @@ def test_a_hung_process_fails_the_test_with_its_stack(tmp_path):
     rank = "import time\ndef a_rank_in_its_own_session():\n    time.sleep(600)\na_rank_in_its_own_session()\n"
     launcher = (f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {rank!r}], "
                 "start_new_session=True)\ntime.sleep(600)\n")
-    with pytest.raises(pytest.fail.Exception, match=r"(?s)did not finish in 2s.*a_rank_in_its_own_session"):
-        run_bounded([sys.executable, "-c", launcher], dict(os.environ), timeout=2)
+    # `stacks` sees the launcher and its rank before they are stopped, and comes first in the failure
+    with pytest.raises(pytest.fail.Exception,
+                       match=r"(?s)did not finish in 2s.*2 processes seen alive\n.*a_rank_in_its_own_session"):
+        run_bounded([sys.executable, "-c", launcher], dict(os.environ), timeout=2,
+                    stacks=lambda pids: f"{len(pids)} processes seen alive\n")
     # a process that wrote its results and then hangs is caught `grace` seconds after the file appeared, long
     # before the bound of the whole run
     marker = tmp_path / "results.json"

@@ -13,7 +13,6 @@ import argparse
 import multiprocessing
 import os
 import pathlib
-import signal
 import statistics
 import subprocess
 import sys
@@ -56,38 +55,21 @@ def case_argv(case, work, texts, out):
 
 
 def launch(argv, timeout):
-    """(seconds, "ok" | "failed" | "hang", stderr tail)."""
-    import psutil
-    from conftest import free_port
+    """(seconds, "ok" | "failed" | "hang", stderr tail): one bounded launch, as the tests run it (conftest's
+    run_bounded), the native stacks of a hung one first."""
+    import pytest
+    from conftest import free_port, run_bounded
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "PYTHONFAULTHANDLER": "1", "PYTHONPATH": str(ROOT / "src")}
+           "PYTHONPATH": str(ROOT / "src")}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
                str(free_port()), *map(str, argv)]
     start = time.perf_counter()
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
     try:
-        _, err = proc.communicate(timeout=timeout)
-        return time.perf_counter() - start, "ok" if proc.returncode == 0 else "failed", err[-3000:]
-    except subprocess.TimeoutExpired:
-        family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
-        native = native_stacks(family)
-        for pid in family:
-            try:
-                os.kill(pid, signal.SIGABRT)
-            except ProcessLookupError:
-                pass
-        try:
-            _, err = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            for pid in family:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            _, err = proc.communicate()
-        return time.perf_counter() - start, "hang", native + err[-6000:]
+        done = run_bounded(command, env, timeout, stacks=native_stacks)
+    except pytest.fail.Exception as hung:
+        return time.perf_counter() - start, "hang", str(hung)  # native stacks first, then faulthandler's
+    return time.perf_counter() - start, "ok" if done.returncode == 0 else "failed", done.stderr[-3000:]
 
 
 def native_stacks(pids):
