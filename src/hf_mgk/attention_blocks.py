@@ -8,6 +8,8 @@ import logging
 
 import torch
 
+from . import attention_autotune
+
 __all__ = ["RETIRED_BACKENDS", "autocast_enabled", "resolve_backend", "row_blocks"]
 
 # Backends that existed once and were removed: asking for one by name says so, instead of "unknown backend".
@@ -59,7 +61,7 @@ def _say_fallback(why, path):
                 "once per reason)", why, path)
 
 
-def resolve_backend(backend, auto, refusals, device_type=None):
+def resolve_backend(backend, auto, refusals, device_type=None, timed=None):
     """The backend a kernel runs: `auto` (its rule's choice) for backend="auto", else `backend` itself.
 
     refusals: every backend name -> None where it can run the call, else why it cannot. An unknown name, or one
@@ -67,9 +69,15 @@ def resolve_backend(backend, auto, refusals, device_type=None):
     gone: RETIRED_BACKENDS). On a CUDA `device_type`, "auto" taking a torch path where the Triton kernels are
     installed and switched on but refuse the call (tracing / export, the weights, a 4-D mask, ...) says so once
     per reason, at INFO on this module's logger. Not inside a torch.compile trace: a logging call there breaks
-    the graph (fullgraph=True fails), and dynamo replays no call from an inlined function after the graph."""
+    the graph (fullgraph=True fails), and dynamo replays no call from an inlined function after the graph.
+
+    timed: None, or a function that returns the kernels' or the eager path's name, whichever was timed faster for
+    this kind of call (attention_autotune.timed): "auto" asks it, instead of taking the rule's answer, on a GPU
+    where the kernels can run the call."""
     if backend == "auto":
         why = refusals.get("triton")
+        if timed is not None and why is None and device_type in attention_autotune.MEASURED_DEVICES:
+            return timed()
         if (device_type == "cuda" and auto != "triton" and why is not None and not why.startswith("triton is not")
                 and not torch.compiler.is_compiling()):
             _say_fallback(why, auto)

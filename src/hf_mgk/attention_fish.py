@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention_autotune import timed
 from .attention_blocks import autocast_enabled, resolve_backend, row_blocks
 from .attention_fish_recomputed import RecomputedFiSH, mix
 from .attention_fish_triton import MAX_GLOBAL_HEADS, counters, fish_triton
@@ -177,7 +178,10 @@ def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, att
                  requires_grad=_requires_grad(query, key, value, mixing, noise_std), tracing=is_tracing(),
                  mask=mask_kind(attention_mask), triton=triton_available(), head_size=max(D, Dv), num_global=M,
                  counter=counters(M, N, S, kind == "gfish", noise_std is not None))
-    backend = resolve_backend(backend, choose_backend(**facts), _refusals(**facts), device_type=query.device.type)
+    backend = resolve_backend(backend, choose_backend(**facts), _refusals(**facts), device_type=query.device.type,
+                              timed=lambda: _timed(query, key, value, mixing, scale, noise_std, attention_mask,
+                                                   is_causal, dropout_p, block_rows, keep_bytes, kind)(
+                                  choose_backend(**{**facts, "triton": False})))
     if backend == "triton":
         return fish_triton(query, key, value, mixing, scale, noise_std, attention_mask, is_causal, dropout_p,
                            generator)
@@ -190,6 +194,22 @@ def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, att
     out, weights = _blocked_attention(query, key, value, mixing, scale, noise_std, eps, attention_mask,
                                       is_causal, dropout_p, return_weights, block_rows)
     return (out, weights) if return_weights else out
+
+
+def _timed(query, key, value, mixing, scale, noise_std, attention_mask, is_causal, dropout_p, block_rows,
+           keep_bytes, kind):
+    """attention_autotune.timed for a fish_attention call: its kind, and how to run it on a named backend (the
+    noise from torch's generator: the user's `generator` is not advanced by the timing)."""
+    def call(name, q, k, v, p, sigma, mask):
+        return fish_attention(q, k, v, p, scale=scale, noise_std=sigma, attention_mask=mask, is_causal=is_causal,
+                              dropout_p=dropout_p, backend=name, block_rows=block_rows, keep_bytes=keep_bytes)
+    module = isinstance(mixing, nn.Module)
+    b, m, n, d = query.shape
+    h, s, dv = value.shape[1:]
+    return timed(f"fish {kind}", call, (query, key, value, mixing, noise_std, attention_mask), query.device,
+                 modules=(mixing,) if module else (), dtype=query.dtype, batch=b, lengths=(n, s),
+                 M=m, H=h, D=d, Dv=dv, mask=mask_kind(attention_mask), causal=bool(is_causal), dropout=dropout_p > 0,
+                 noise=noise_std is not None)
 
 
 def _materialised(query, key, value, mixing, noise_std, eps, allowed, empty, dropout_p, every_head=False):

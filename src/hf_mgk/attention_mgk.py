@@ -29,6 +29,7 @@ N queries, S keys, D head size, Dv value size.
 import torch
 import torch.nn.functional as F
 
+from .attention_autotune import timed
 from .attention_blocks import autocast_enabled, resolve_backend
 from .attention_mgk_blocked import BLOCK_ROWS, KEEP_BYTES, MIN_ROW_SUM, mgk_blocked
 from .attention_mgk_triton import mgk_triton
@@ -116,7 +117,8 @@ def _refusals(*, e_step, return_weights, device_type, dtype, autocast, tracing, 
     return {"dense": None, "sdpa": sdpa, "blocked": blocked, "triton": triton_}
 
 
-def _backend(backend, query, value, variances, attention_mask, e_step, return_weights, dropout_p=0.0):
+def _backend(backend, query, value, variances, attention_mask, e_step, return_weights, dropout_p=0.0, timed=None):
+    """The backend a call runs (resolve_backend); timed: attention_autotune.timed's function for this call, or None."""
     facts = dict(e_step=e_step, return_weights=return_weights, device_type=query.device.type, dtype=query.dtype,
                  autocast=autocast_enabled(query.device.type), tracing=is_tracing(),
                  mask=mask_kind(attention_mask), triton=triton_available(),
@@ -124,7 +126,26 @@ def _backend(backend, query, value, variances, attention_mask, e_step, return_we
                  variance_grad=isinstance(variances, torch.Tensor) and variances.requires_grad,
                  num_keys=len(variances) if not isinstance(variances, torch.Tensor) else variances.numel(),
                  counter=query.shape[-2] * value.shape[-2] if dropout_p > 0 else 0)
-    return resolve_backend(backend, choose_backend(**facts), _refusals(**facts), device_type=query.device.type)
+    measured = None if timed is None else (lambda: timed(choose_backend(**{**facts, "triton": False})))
+    return resolve_backend(backend, choose_backend(**facts), _refusals(**facts), device_type=query.device.type,
+                           timed=measured)
+
+
+def _timed(function, query, keys, key_shift, value, variances, log_prior, e_step, attention_mask, is_causal,
+           dropout_p):
+    """attention_autotune.timed for an MGK (key_shift None) or sMGK call of `function`: the call's kind, and how to
+    run it on a named backend."""
+    def call(name, q, k, shift, v, prior, mask):
+        args = (q, k, v) if shift is None else (q, k, shift, v)
+        return function(*args, variances=variances, log_prior=prior, e_step=e_step, attention_mask=mask,
+                        is_causal=is_causal, dropout_p=dropout_p, backend=name)
+    b, h, n, d = query.shape
+    s, dv = value.shape[2:]
+    m = keys.shape[2] if key_shift is None else key_shift.shape[1]
+    family = ("mgk " if key_shift is None else "smgk ") + e_step
+    return timed(family, call, (query, keys, key_shift, value, log_prior, attention_mask), query.device,
+                 dtype=query.dtype, batch=b, lengths=(n, s), H=h, M=m, D=d, Dv=dv, mask=mask_kind(attention_mask),
+                 causal=bool(is_causal), dropout=dropout_p > 0, prior=log_prior is not None)
 
 
 def _as_variances(variances, like: torch.Tensor, num_keys: int) -> torch.Tensor:
@@ -237,7 +258,9 @@ def mgk_attention(query, keys, value, *, variances, log_prior=None, e_step="soft
     _check_e_step(e_step)
     _check_shapes(query, keys, value)
     var = _as_variances(variances, query, keys.shape[2])
-    backend = _backend(backend, query, value, variances, attention_mask, e_step, return_weights, dropout_p)
+    backend = _backend(backend, query, value, variances, attention_mask, e_step, return_weights, dropout_p,
+                       _timed(mgk_attention, query, keys, None, value, variances, log_prior, e_step, attention_mask,
+                              is_causal, dropout_p))
     if backend == "triton":
         return mgk_triton(query, keys, None, value, variances, log_prior, e_step, attention_mask, is_causal,
                           dropout_p)
@@ -265,7 +288,9 @@ def smgk_attention(query, key, key_shift, value, *, variances, log_prior=None, e
     _check_e_step(e_step)
     _check_shapes(query, key[:, :, None].expand(-1, -1, key_shift.shape[1], -1, -1), value)  # shapes only (a view)
     var = _as_variances(variances, query, key_shift.shape[1])
-    backend = _backend(backend, query, value, variances, attention_mask, e_step, return_weights, dropout_p)
+    backend = _backend(backend, query, value, variances, attention_mask, e_step, return_weights, dropout_p,
+                       _timed(smgk_attention, query, key, key_shift, value, variances, log_prior, e_step,
+                              attention_mask, is_causal, dropout_p))
     if backend == "triton":
         return mgk_triton(query, key, key_shift, value, variances, log_prior, e_step, attention_mask, is_causal,
                           dropout_p)

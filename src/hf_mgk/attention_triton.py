@@ -23,8 +23,8 @@ except ImportError:  # no Triton: `available()` is False and the torch backends 
     triton = None
     tl = None
 
-__all__ = ["LOG2E", "MAX_COUNTER", "MAX_HEAD_SIZE", "available", "interpreting", "precision", "refusal", "shape_class", "switched_on",
-           "tuned_blocks"]
+__all__ = ["LOG2E", "MAX_COUNTER", "MAX_HEAD_SIZE", "available", "env_switch", "interpreting", "precision", "refusal",
+           "shape_class", "switched_on", "tuned_blocks"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,17 +40,23 @@ SWITCH_VALUES = {"1": True, "true": True, "on": True, "yes": True, "0": False, "
                  "no": False}
 
 
-def switched_on():
-    """HF_MGK_TRITON, the switch that keeps every call on the torch paths when off (e.g. to compare with them or to
-    rule the kernels out): 1 / true / on / yes or 0 / false / off / no, any case; unset or empty means on. Any
-    other value is a ValueError naming the variable (a typo must not leave the kernels on silently)."""
-    value = os.environ.get("HF_MGK_TRITON", "").strip().lower()
+def env_switch(name, off_means):
+    """The boolean environment switch `name`: 1 / true / on / yes or 0 / false / off / no, any case; unset or empty
+    means on. Any other value is a ValueError naming the variable and what off means (`off_means`): a typo must not
+    leave a switch on silently."""
+    value = os.environ.get(name, "").strip().lower()
     if not value:
         return True
     if value not in SWITCH_VALUES:
-        raise ValueError(f"HF_MGK_TRITON={os.environ['HF_MGK_TRITON']!r} is not a switch: set it to 0 / false / off "
-                         "(the torch paths only) or 1 / true / on (the Triton kernels where they apply)")
+        raise ValueError(f"{name}={os.environ[name]!r} is not a switch: set it to 0 / false / off ({off_means}) or "
+                         "1 / true / on")
     return SWITCH_VALUES[value]
+
+
+def switched_on():
+    """HF_MGK_TRITON, the switch that keeps every call on the torch paths when off (e.g. to compare with them or to
+    rule the kernels out); on by default (`env_switch`)."""
+    return env_switch("HF_MGK_TRITON", "the torch paths only")
 
 
 def available():

@@ -20,6 +20,7 @@ from transformers.pytorch_utils import Conv1D
 from .attention_fish import fish_attention, make_gfish_mixing
 # transformers 5.8 and 5.9 copy, from a local folder, only the siblings the model file itself imports: so it
 # names every sibling its siblings import, too.
+from .attention_autotune import choose  # noqa: F401
 from .attention_blocks import row_blocks  # noqa: F401
 from .attention_fish_recomputed import mix  # noqa: F401
 from .attention_fish_triton import fish_triton  # noqa: F401

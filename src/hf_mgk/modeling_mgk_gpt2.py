@@ -19,6 +19,7 @@ from transformers.pytorch_utils import Conv1D
 
 # transformers 5.8 and 5.9 copy, from a local folder, only the siblings the model file itself imports: so it
 # names every sibling its siblings import, too.
+from .attention_autotune import choose  # noqa: F401
 from .attention_blocks import row_blocks  # noqa: F401
 from .attention_mgk_blocked import mgk_blocked  # noqa: F401
 from .attention_mgk_triton import mgk_triton  # noqa: F401
