@@ -30,7 +30,7 @@ def _args(**kw):
     threads = torch.get_num_threads()
     return argparse.Namespace(**{**dict(heads=4, global_heads=2, batch=1, repeats=2, threads=threads, lengths=[16],
                                         fish_types=["hard_fish", "fish"], device="cpu", dtype="fp32",
-                                        interleave=False), **kw})
+                                        interleave=False, static=None), **kw})
 
 
 def _table(run, args, spec=None):
@@ -72,20 +72,41 @@ def test_run_in_child_takes_the_dtype(capsys, monkeypatch):
     assert models.DTYPE == "fp16" and "seconds" in capsys.readouterr().out
 
 
-def test_on_a_gpu_the_tables_show_the_eager_path_beside_auto(monkeypatch):
-    """--device cuda (its children run here on the CPU): each MGK and FiSH path also as "..., eager", the rule's
-    choice without the Triton kernels; on the CPU the table is as before."""
+def test_on_a_gpu_the_tables_show_the_kernels_and_the_eager_path_beside_auto(monkeypatch, tmp_path):
+    """--device cuda (its children run here on the CPU, the kernels in Triton's interpreter): each MGK and FiSH path
+    ("auto") also as "..., triton" and "..., eager" (the rule's choice without the kernels); with --static the
+    model's figure beside each Triton row; what auto chose by timing listed under the table. On the CPU the table is
+    as before."""
+    from hf_mgk import attention_autotune
+
     calls = []
     monkeypatch.setattr(measure, "call_child", children_in_process(calls))
-    _, rows = _table(attention.run_mgk_attention, _args(device="cuda"))
+    monkeypatch.setattr(attention_autotune, "MEASURED_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(attention_autotune, "REPEATS", 1)
+    monkeypatch.setattr(attention_autotune, "_CHOSEN", {})
+    monkeypatch.setenv("HF_MGK_CACHE", str(tmp_path / "cache"))
+    figures = tmp_path / "static.json"
+    figures.write_text('{"summary": {"mgk soft": {"both": 2.5}, "smgk hard": {"both": 3.25}, "fish": {"both": 9}}}')
+    lines, rows = _table(attention.run_mgk_attention, _args(device="cuda", static=str(figures)))
     names = [r[2] for r in rows]
-    assert names == [*attention.MGK_PATHS, "MGK soft, eager", "sMGK soft, eager", "MGK hard, eager",
-                     "sMGK hard, eager"]
-    assert all(len(r) == 9 and float(r[3]) > 0 for r in rows)
-    _, rows = _table(attention.run_fish_attention, _args(device="cuda"))
-    assert [r[2] for r in rows] == ["hard_fish", "fish", "hard_fish, eager", "fish, eager"]
+    assert names == [*attention.MGK_PATHS, *(f"{p}, {b}" for p in ("MGK soft", "sMGK soft", "MGK hard", "sMGK hard")
+                                             for b in ("triton", "eager"))]
+    assert all(len(r) == 10 and float(r[3]) > 0 for r in rows)
+    model = {r[2]: r[5] for r in rows}
+    assert model["MGK soft, triton"] == "2.50" and model["sMGK hard, triton"] == "3.25"
+    assert model["MGK soft"] == model["MGK soft, eager"] == model["MGK hard, triton"] == ""  # no figure given
+    assert "model (static)" in lines[[i for i, line in enumerate(lines) if line.startswith("| N |")][0]]
+    chosen = lines[[i for i, line in enumerate(lines) if line.startswith("backend='auto' timed")][0] + 1:]
+    assert {line.split(" ")[1] + " " + line.split(" ")[2] for line in chosen} == {
+        "mgk soft", "smgk soft", "mgk hard", "smgk hard"}
+    assert all(line.rstrip().endswith(("triton", "blocked", "dense", "sdpa")) for line in chosen)
+
+    _, rows = _table(attention.run_fish_attention, _args(device="cuda", static=str(figures)))
+    assert [r[2] for r in rows] == ["hard_fish", "fish", "hard_fish, triton", "hard_fish, eager", "fish, triton",
+                                    "fish, eager"]
+    assert {r[2]: r[5] for r in rows}["fish, triton"] == "9.00"
     _, rows = _table(attention.run_fish_attention, _args())
-    assert [r[2] for r in rows] == ["hard_fish", "fish"]
+    assert [r[2] for r in rows] == ["hard_fish", "fish"] and all(len(r) == 7 for r in rows)
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])

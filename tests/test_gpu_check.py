@@ -10,10 +10,12 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 STUB = r"""#!/usr/bin/env bash
-echo "$* BLOCKS=${HF_MGK_TRITON_BLOCKS:-}" >> "$STUB_LOG"
+echo "$* BLOCKS=${HF_MGK_TRITON_BLOCKS:-} CACHE=${HF_MGK_CACHE:-}" >> "$STUB_LOG"
 case "$*" in
     "-c import hf_mgk") exit 0 ;;
     *torch.cuda.is_available*) exit "${STUB_CUDA:-0}" ;;
+    *get_device_capability*) echo "${STUB_TARGET-90}"; exit 0 ;;
+    "-m hf_mgk.benchmark.static"*) echo "static table"; echo '{"summary": {}}' > "$6"; exit "${STUB_STATIC:-0}" ;;
     *"import torch, triton"*) echo "torch stub triton stub A GPU"; exit 0 ;;
     "-c import xdist") exit 1 ;;
     "-m pytest"*) echo "3 passed"; exit "${STUB_PYTEST:-0}" ;;
@@ -40,13 +42,25 @@ def run_check(tmp_path, *args, **statuses):
 def test_all_steps_passing_exits_0_and_runs_every_step(tmp_path):
     proc, calls = run_check(tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert sum(c.startswith("scripts/benchmark.py --family") for c in calls) == 2
-    # the attention tables run with the tuning's blocks
-    assert all(c.endswith("BLOCKS=mgk:w64=64x32") for c in calls if c.startswith("scripts/benchmark.py"))
+    out = tmp_path / "out"
+    assert any(c.startswith(f"-m hf_mgk.benchmark.static --target 90 --json {out}/static.json") for c in calls)
+    tables = [c for c in calls if c.startswith("scripts/benchmark.py --family")]
+    assert len(tables) == 2
+    # the attention tables run with the tuning's blocks, the model's figures, and auto timing afresh into OUT
+    assert all(f"--static {out}/static.json BLOCKS=mgk:w64=64x32 CACHE={out}/autotune-cache" in c for c in tables)
+    assert "static table" in proc.stdout
+
+
+def test_a_gpu_the_model_has_no_target_for_runs_the_tables_without_it(tmp_path):
+    proc, calls = run_check(tmp_path, STUB_TARGET="")
+    assert proc.returncode == 0, proc.stderr
+    assert not any("hf_mgk.benchmark.static" in c for c in calls)
+    tables = [c for c in calls if c.startswith("scripts/benchmark.py --family")]
+    assert len(tables) == 2 and not any("--static" in c for c in tables)
 
 
 @pytest.mark.parametrize("failing, named", [({"STUB_PYTEST": 1}, "pytest"), ({"STUB_TUNE": 124}, "tune"),
-                                            ({"STUB_FISH": 2}, "attention_fish")])
+                                            ({"STUB_FISH": 2}, "attention_fish"), ({"STUB_STATIC": 1}, "static")])
 def test_a_failing_step_fails_the_check_and_the_rest_still_run(tmp_path, failing, named):
     proc, calls = run_check(tmp_path, **failing)
     assert proc.returncode == 1

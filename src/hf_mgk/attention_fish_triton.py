@@ -38,7 +38,7 @@ import).
 import torch
 from torch import nn
 
-from .attention_triton import LOG2E, precision, shape_class, tl, triton, tuned_blocks
+from .attention_triton import LOG2E, fitted, precision, shape_class, shared_memory, tl, triton, tuned_blocks
 
 if triton is not None:
     from .attention_triton import dot as _dot
@@ -61,15 +61,16 @@ def counters(num_global, n, s, network, noise):
     return (num_global if network and noise else 1) * n * s
 
 
-def block_sizes(device_type, num_global, head_size, value_size):
+def block_sizes(device_type, num_global, head_size, value_size, dtype=torch.bfloat16, shared=None):
     """(BLOCK_M query rows, BLOCK_N keys) of a program: the interpreter's small tiles (the tests' short sequences
-    span several blocks); on a GPU defaults where the (M, rows, keys) block of global scores bounds the rows, or
-    the tuned sizes (attention_triton.tuned_blocks)."""
+    span several blocks); on a GPU defaults where the (M, rows, keys) block of global scores bounds the rows, fitted
+    to the GPU's `shared` memory per program in `dtype` (attention_triton.fitted), or the tuned sizes
+    (attention_triton.tuned_blocks)."""
     if device_type == "cpu":
         default = (16, 16)
     else:
         width = triton.next_power_of_2(num_global) * max(head_size, value_size)
-        default = (64, 64) if width <= 128 else (32, 64) if width <= 256 else (16, 64)
+        default = fitted((64, 64) if width <= 128 else (32, 64) if width <= 256 else (16, 64), dtype, shared)
     return tuned_blocks("fish", default, shape_class(max(head_size, value_size), num_global))
 
 
@@ -370,7 +371,7 @@ class _TritonFiSH(torch.autograd.Function):
         b, m, n, d = q.shape
         h, s, dv = v.shape[1], v.shape[2], v.shape[3]
         network = w1 is not None
-        block_m, block_n = block_sizes(q.device.type, m, d, dv)
+        block_m, block_n = block_sizes(q.device.type, m, d, dv, q.dtype, shared_memory(q.device))
         dummy = q.new_zeros(1, dtype=torch.float32)
         tensors = [t if t is not None else dummy for t in (w, std, sigma, w1, b1, w2, b2, kb)]
         out = torch.empty(b, h, n, dv, dtype=q.dtype, device=q.device)

@@ -39,8 +39,8 @@ import math
 
 import torch
 
-from .attention_triton import (LOG2E, MAX_HEAD_SIZE, available, precision, refusal, shape_class, tl, triton,
-                               tuned_blocks)
+from .attention_triton import (LOG2E, MAX_HEAD_SIZE, available, fitted, precision, refusal, shape_class,
+                               shared_memory, tl, triton, tuned_blocks)
 
 if triton is not None:
     from .attention_triton import dot as _dot
@@ -52,13 +52,14 @@ if triton is not None:
 __all__ = ["MAX_HEAD_SIZE", "available", "block_sizes", "mgk_triton", "refusal"]
 
 
-def block_sizes(device_type, head_size, value_size):
+def block_sizes(device_type, head_size, value_size, dtype=torch.bfloat16, shared=None):
     """(BLOCK_M query rows, BLOCK_N keys) of a program: the interpreter's small tiles (the tests' short sequences
-    still span several blocks), a GPU's defaults, or the tuned ones (attention_triton.tuned_blocks)."""
+    still span several blocks), a GPU's defaults fitted to its `shared` memory per program in `dtype`
+    (attention_triton.fitted), or the tuned ones (attention_triton.tuned_blocks)."""
     if device_type == "cpu":
         default = (32, 32)
     else:
-        default = (64, 64) if max(head_size, value_size) <= 64 else (64, 32)
+        default = fitted((64, 64) if max(head_size, value_size) <= 64 else (64, 32), dtype, shared)
     return tuned_blocks("mgk", default, shape_class(max(head_size, value_size)))
 
 
@@ -306,7 +307,7 @@ class _TritonMGK(torch.autograd.Function):
     def forward(ctx, q, k, v, x, y, inv_var, hard, causal, shared, dropout_p, seed):
         bh, n, d = q.shape
         s, dv, m = v.shape[1], v.shape[2], x.shape[1]
-        block_m, block_n = block_sizes(q.device.type, d, dv)
+        block_m, block_n = block_sizes(q.device.type, d, dv, q.dtype, shared_memory(q.device))
         s2 = torch.tensor(inv_var, dtype=torch.float32, device=q.device) * LOG2E
         x2, y2 = (x * LOG2E).contiguous(), (y * LOG2E).contiguous()
         out = torch.empty(bh, n, dv, dtype=q.dtype, device=q.device)

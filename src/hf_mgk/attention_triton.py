@@ -23,8 +23,8 @@ except ImportError:  # no Triton: `available()` is False and the torch backends 
     triton = None
     tl = None
 
-__all__ = ["LOG2E", "MAX_COUNTER", "MAX_HEAD_SIZE", "available", "env_switch", "interpreting", "precision", "refusal",
-           "shape_class", "switched_on", "tuned_blocks"]
+__all__ = ["LOG2E", "MAX_COUNTER", "MAX_HEAD_SIZE", "available", "env_switch", "fitted", "interpreting", "precision",
+           "refusal", "shape_class", "shared_memory", "switched_on", "tuned_blocks"]
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +141,38 @@ def tuned_blocks(family, default, shape=None):
                            "defaults elsewhere)", family, *general, family)
         return general
     return default
+
+
+# Shared memory one program may use, by compute capability (bytes): what decides whether a tile shape fits.
+SHARED_MEMORY = {80: 163 * 1024, 87: 163 * 1024, 90: 227 * 1024, 100: 227 * 1024}
+SMALL_SHARED_MEMORY = 99 * 1024  # sm_86 / sm_89 / sm_120 (consumer GPUs), the least among Triton's targets
+_SHARED = {}
+
+
+def shared_memory(device):
+    """The shared memory (bytes) one program may use on CUDA `device`: Triton's driver's answer, else by compute
+    capability (SHARED_MEMORY); None for a CPU tensor (the interpreter has no such limit)."""
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SHARED:
+        try:
+            _SHARED[index] = int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
+        except Exception:  # noqa: BLE001 - a driver API that moved: the table by capability
+            major, minor = torch.cuda.get_device_capability(index)
+            _SHARED[index] = SHARED_MEMORY.get(10 * major + minor, SMALL_SHARED_MEMORY)
+    return _SHARED[index]
+
+
+def fitted(blocks, dtype, shared):
+    """A family's default (BLOCK_M, BLOCK_N) for a call in `dtype` on a GPU with `shared` bytes of shared memory per
+    program: as they are, or halved (to 16 at least) for float32 where that is under 200 KB (every GPU but the
+    Hopper / Blackwell data-centre ones). float32 tiles take twice half precision's bytes, and the kernels' tiles in
+    flight (3 stages) at the half-precision defaults then need 100-180 KB; halved, they fit the 99 KB of sm_86
+    (compiled and checked for every kernel in the slow tests)."""
+    if dtype == torch.float32 and shared is not None and shared < 200 * 1024:
+        return tuple(max(16, b // 2) for b in blocks)
+    return tuple(blocks)
 
 
 def precision(dtype, device_type, float32="ieee"):

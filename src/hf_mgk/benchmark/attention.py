@@ -7,6 +7,8 @@ replace the separate ones. A path is a name for one call of the package's attent
 (MGK_PATHS, FISH_PATHS; the backend is one of them: "auto" the package's rule, which on a CUDA GPU with Triton takes
 the Triton kernels for the calls they cover; on a GPU also "eager", the rule without them)."""
 
+import json
+
 import torch
 
 from . import measure
@@ -25,7 +27,15 @@ def measure_alone(step, repeats):
 
     result, flops = measure.timed(step, repeats, counted)
     result["flops"] = flops
+    result["chosen"] = chosen()
     return result
+
+
+def chosen():
+    """What backend="auto" chose in this process by timing (attention_autotune), kind -> backend."""
+    from hf_mgk import attention_autotune
+
+    return dict(attention_autotune._CHOSEN)
 
 
 def _leaf(shape, g, requires_grad=True):
@@ -52,7 +62,7 @@ def measure_alone_interleaved(kind, paths, shape, repeats, threads):
     for result, seconds in zip(results, measure.alternate(steps, repeats)):
         if seconds is not None:
             result["seconds"] = seconds
-    return {"rows": results}
+    return {"rows": results, "chosen": chosen()}
 
 
 def alone_rows(kind, paths, shape_of, lengths, args, child, child_args):
@@ -69,6 +79,7 @@ def alone_rows(kind, paths, shape_of, lengths, args, child, child_args):
         for n in lengths:
             together = measure.call_child("measure_alone_interleaved",
                                           [kind, every, shape_of(n), args.repeats, args.threads])
+            rows.setdefault(("chosen", n), {}).update(together.get("chosen") or {})
             for path, got in zip(every, together.get("rows") or [together] * len(every)):
                 row = rows.setdefault((path, n), dict(got))
                 if "seconds" in got and "error" not in got:
@@ -80,7 +91,7 @@ def alone_rows(kind, paths, shape_of, lengths, args, child, child_args):
 
 def print_alone_rows(lengths, paths, rows, extra=lambda path, n, r, base: []):
     """The attention-alone tables' rows: N, SDPA ms, path, ms, x SDPA, `extra`'s cells, x counted FLOPs, peak MiB;
-    a row that could not be measured says why."""
+    a row that could not be measured says why. Then what backend="auto" chose by timing, where it timed."""
     for n in lengths:
         base = rows[("sdpa", n)]
         for p in paths:
@@ -91,6 +102,33 @@ def print_alone_rows(lengths, paths, rows, extra=lambda path, n, r, base: []):
             cells = [format_ms(base["seconds"]), p, format_ms(r["seconds"]), f"{r['seconds'] / base['seconds']:.2f}",
                      *extra(p, n, r, base), f"{r['flops'] / base['flops']:.2f}", f"{r['peak_mib']:.0f}"]
             print(f"| {n} | " + " | ".join(cells) + " |")
+    choices = {}
+    for (path, n), r in rows.items():
+        choices.update(r.get("chosen") or {} if path != "chosen" else r)
+    if choices:
+        print("\nbackend='auto' timed the Triton kernels against the eager path on each kind's first call and runs:")
+        for kind in sorted(choices):
+            print(f"- {kind}: {choices[kind]}")
+
+
+def model_cells(static_json, static_name, paths):
+    """The static cost model's column (--static: a JSON of `python -m hf_mgk.benchmark.static --json`): for a row on
+    the Triton kernels (backend "triton" named, the last item of its `paths` entry), the model's forward + backward
+    figure for the path `static_name(row)`, per pair and softmax head against flash attention: what the row's
+    "x SDPA" measures, as a lower bound. Empty without --static."""
+    figures = {}
+    if static_json:
+        with open(static_json) as f:
+            figures = {name: v["both"] for name, v in json.load(f)["summary"].items()}
+
+    def cells(p):
+        if not static_json:
+            return []
+        name = static_name(p) if paths[p][-1] == "triton" else None
+        return [f"{figures[name]:.2f}" if name in figures else ""]
+    cells.header = " model (static) |" if static_json else ""
+    cells.rule = "---:|" if static_json else ""
+    return cells
 
 
 # ------------------------------------------------------------------ MGK attention alone
@@ -102,9 +140,10 @@ MGK_PATHS = {  # name -> (function, e_step, M, backend); "SDPA-aug" is the augme
     "MGK hard": ("mgk", "hard", 2, "auto"), "sMGK hard": ("smgk", "hard", 2, "auto"),
     "MGK soft, SDPA-aug": ("mgk", "soft", 2, "sdpa"),
 }
-# On a GPU "auto" takes the Triton kernels where Triton is installed: these rows show the eager path beside them.
-MGK_GPU_PATHS = {f"{name}, eager": (*MGK_PATHS[name][:3], "eager")
-                 for name in ("MGK soft", "sMGK soft", "MGK hard", "sMGK hard")}
+# On a GPU "auto" runs what timing on the first call of a kind found faster (attention_autotune): these rows show
+# the Triton kernels and the eager path (the rule without them) beside it.
+MGK_GPU_PATHS = {f"{name}, {backend}": (*MGK_PATHS[name][:3], backend)
+                 for name in ("MGK soft", "sMGK soft", "MGK hard", "sMGK hard") for backend in ("triton", "eager")}
 ALL_MGK_PATHS = {**MGK_PATHS, **MGK_GPU_PATHS}
 
 
@@ -171,12 +210,14 @@ def run_mgk_attention(args, spec):
     print("'x paper FLOPs': the papers' count (App. B) of the attention products, forward (softmax 2 H N^2 D, MGK "
           "(M + 1) H/2 N^2 D, sMGK 2 H/2 N^2 D); the target is 1.1 times it. 'x counted FLOPs': FlopCounterMode on "
           "the timed step, forward + backward (SDPA by PyTorch's formula: QK^T, AV and 4 backward products).")
-    print("| N | SDPA ms | path | ms | x SDPA | x paper FLOPs | target (1.1x) | x counted FLOPs | peak MiB |")
-    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+    model = model_cells(getattr(args, "static", None), lambda p: "{} {}".format(*ALL_MGK_PATHS[p][:2]), ALL_MGK_PATHS)
+    print("| N | SDPA ms | path | ms | x SDPA |" + model.header + " x paper FLOPs | target (1.1x) | x counted FLOPs "
+          "| peak MiB |")
+    print("|---:|---:|---|---:|---:|" + model.rule + "---:|---:|---:|---:|")
 
     def paper_cells(p, n, r, base):
         paper = mgk_paper_flops(p, heads, n, head_dim) / mgk_paper_flops("sdpa", heads, n, head_dim)
-        return [f"{paper:.2f}", f"{1.1 * paper:.3f}"]
+        return [*model(p), f"{paper:.2f}", f"{1.1 * paper:.3f}"]
 
     print_alone_rows(spec["lengths"], paths, rows, paper_cells)
 
@@ -186,7 +227,8 @@ def run_mgk_attention(args, spec):
 # local heads mixed from M global ones, on the path the model's rule picks ("auto").
 FISH_NOISY = ("fish", "mish", "gfish")  # the types with training noise (FiSHGPT2Config.is_noisy)
 FISH_PATHS = {kind: (kind, "auto") for kind in FISH_TYPES}  # name -> (attention type, backend)
-FISH_GPU_PATHS = {f"{kind}, eager": (kind, "eager") for kind in FISH_TYPES}  # on a GPU, beside "auto" (Triton)
+FISH_GPU_PATHS = {f"{kind}, {backend}": (kind, backend) for kind in FISH_TYPES  # on a GPU, beside "auto"
+                  for backend in ("triton", "eager")}
 
 
 def fish_paths(device, types):
@@ -241,9 +283,11 @@ def run_fish_attention(args, spec):
           f"FiSH type with {heads} local heads mixed from {m} global ones, on the path its rule picks, against SDPA "
           f"with {heads} heads; x = time / SDPA's. 'x counted FLOPs': FlopCounterMode on the step (SDPA by "
           "PyTorch's formula)." + (" The steps of each N alternate in one process." if args.interleave else ""))
-    print("| N | SDPA ms | path | ms | x SDPA | x counted FLOPs | peak MiB |")
-    print("|---:|---:|---|---:|---:|---:|---:|")
-    print_alone_rows(lengths, paths, rows)
+    every = {**FISH_PATHS, **FISH_GPU_PATHS}
+    model = model_cells(getattr(args, "static", None), lambda p: every[p][0], {p: (*every[p][:1], every[p][-1]) for p in every})
+    print("| N | SDPA ms | path | ms | x SDPA |" + model.header + " x counted FLOPs | peak MiB |")
+    print("|---:|---:|---|---:|---:|" + model.rule + "---:|---:|")
+    print_alone_rows(lengths, paths, rows, lambda p, n, r, base: model(p))
 
 
 # The step builders `measure_alone_interleaved` names by table.

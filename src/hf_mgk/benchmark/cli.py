@@ -94,6 +94,9 @@ def build_parser():
     p.add_argument("--markdown", help="write the summary table (models vs baselines) to this Markdown file")
     p.add_argument("--figures", help="write PNG figures of the ratios to this folder")
     p.add_argument("--overwrite", action="store_true", help="replace existing --csv / --markdown / figure files")
+    p.add_argument("--static", metavar="JSON",
+                   help="the static cost model's figures (python -m hf_mgk.benchmark.static --json JSON, for this "
+                        "GPU's target): printed beside the measured ratio of each row on the Triton kernels")
     p.add_argument("--_child", help=argparse.SUPPRESS)
     p.add_argument("--_device", default="cpu", help=argparse.SUPPRESS)
     p.add_argument("--_dtype", default="fp32", help=argparse.SUPPRESS)

@@ -41,7 +41,9 @@ from types import SimpleNamespace
 
 from .. import attention_fish_triton as aft
 from .. import attention_mgk_triton as amt
-from ..attention_triton import interpreting, tl, triton
+import torch
+
+from ..attention_triton import SHARED_MEMORY, SMALL_SHARED_MEMORY, interpreting, precision, tl, triton
 
 PATHS = ("softmax", "mgk soft", "smgk soft", "mgk hard", "smgk hard", "hard_fish", "fish", "mish", "hard_gfish",
          "gfish")
@@ -165,16 +167,17 @@ def launch(fn, constants, dtype, pairs, per_pair, half=HALF_KERNELS, name=None):
 
 def launches(path, direction, target=90, dtype="bf16", head_size=64, blocks=None):
     """Every launch the pass `direction` ("forward" / "backward") of `path` (PATHS) makes, at the families' default
-    GPU block sizes (`block_sizes("cuda", ...)`) or `blocks` (BLOCK_M, BLOCK_N); dropout and causal off, M = 2
-    (FiSH: 8 local heads from 2 global), head size = value size. `target` does not change the launches (it is the
-    compile target), taken for symmetry with `report`."""
+    GPU block sizes for `target`'s shared memory in `dtype` (`block_sizes("cuda", ...)`; "fp32" as the kernels run
+    float32 calls on a GPU: MGK's products in IEEE float32, FiSH's in three TF32 products) or `blocks` (BLOCK_M,
+    BLOCK_N); dropout and causal off, M = 2 (FiSH: 8 local heads from 2 global), head size = value size."""
     if path not in PATHS:
         raise ValueError(f"unknown path {path!r}: one of {', '.join(PATHS)}")
     if direction not in ("forward", "backward"):
         raise ValueError(f"direction {direction!r}: 'forward' or 'backward'")
     if triton is None:
         raise RuntimeError("the static report compiles the kernels with Triton, which is not installed")
-    del target
+    shared = SHARED_MEMORY.get(target, SMALL_SHARED_MEMORY)
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     bd = max(16, triton.next_power_of_2(head_size))
     if path == "softmax":
         bm, bn = blocks or (64, 64)
@@ -186,9 +189,9 @@ def launches(path, direction, target=90, dtype="bf16", head_size=64, blocks=None
     if "mgk" in path:
         # one program per (batch x MGK head, query block) / (batch x head, key block, key r); MGK runs H / 2 heads
         # against softmax's H: 0.5 per softmax head, and its dK / dV loop once per key r: 0.5 M
-        bm, bn = blocks or amt.block_sizes("cuda", head_size, head_size)
+        bm, bn = blocks or amt.block_sizes("cuda", head_size, head_size, torch_dtype, shared)
         base = dict(DROPOUT=False, M=GLOBAL_HEADS, HARD=path.endswith("hard"), CAUSAL=False,
-                    SHARED=path.startswith("smgk"), PREC=None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DV=bd)
+                    SHARED=path.startswith("smgk"), PREC=precision(torch_dtype, "cuda"), BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DV=bd)
         if direction == "forward":
             return [launch(amt._fwd_kernel, base, dtype, bm * bn, 0.5)]
         mp = triton.next_power_of_2(GLOBAL_HEADS)
@@ -201,9 +204,10 @@ def launches(path, direction, target=90, dtype="bf16", head_size=64, blocks=None
     # Each inner iteration covers one local head's block of pairs, once per pass: 1.0 per pair and local head, and
     # FiSH's H local heads stand against softmax's H heads
     kind = "fish" if path == "mish" else path
-    bm, bn = blocks or aft.block_sizes("cuda", GLOBAL_HEADS, head_size, head_size)
+    bm, bn = blocks or aft.block_sizes("cuda", GLOBAL_HEADS, head_size, head_size, torch_dtype, shared)
     base = dict(MP=triton.next_power_of_2(GLOBAL_HEADS), NETWORK=kind.endswith("gfish"),
-                NOISE=not kind.startswith("hard"), PADDED=False, CAUSAL=False, DROPOUT=False, PREC=None,
+                NOISE=not kind.startswith("hard"), PADDED=False, CAUSAL=False, DROPOUT=False,
+                PREC=precision(torch_dtype, "cuda", float32="tf32x3"),
                 BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DV=bd)
     if direction == "forward":
         return [launch(aft._fwd_kernel, base, dtype, bm * bn, 1.0)]
@@ -334,6 +338,21 @@ def compiled(ln, target):
     return _CACHE[key]
 
 
+def shared_overruns(target=90, dtype="bf16", paths=PATHS, head_size=64):
+    """The launches of `paths` (both passes, at the default blocks for `target` and `dtype`) whose shared memory
+    passes what one program may use on `target` (attention_triton.SHARED_MEMORY): (path, kernel, bytes, limit)
+    each; empty where every one fits."""
+    limit = SHARED_MEMORY.get(target, SMALL_SHARED_MEMORY)
+    over = []
+    for path in dict.fromkeys(paths):
+        for direction in ("forward", "backward"):
+            for ln in launches(path, direction, target, dtype, head_size):
+                shared = compiled(ln, target)[0]["shared"]
+                if shared > limit:
+                    over.append((path, ln.name, shared, limit))
+    return over
+
+
 def cost(ln, target=90):
     """A launch's row: its resources, its main loop's counts and the model's cycles, per pair and softmax head."""
     meta, sass = compiled(ln, target)
@@ -422,7 +441,7 @@ def main(argv=None):
     ap.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS, metavar="PATH",
                     help=f"the paths to report (default all: {', '.join(PATHS)})")
     ap.add_argument("--target", type=int, default=90, choices=sorted(RATES), help="compute capability (default 90)")
-    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     ap.add_argument("--head-size", type=int, default=64)
     ap.add_argument("--no-best-baseline", dest="best", action="store_false",
                     help=f"the baseline at 64x64 only, not its best of {len(BASELINE_BLOCKS)} block sizes")
