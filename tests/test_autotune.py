@@ -261,3 +261,35 @@ def test_smgk_and_fish_are_timed_with_their_own_kinds(measured, monkeypatch):
     assert all(p.grad is None for p in mixing.parameters()) and fv.grad is None
     assert torch.equal(out, fish_attention(fq, fk, fv, mixing, is_causal=True, backend="triton"))
     assert any(kind.startswith("fish gfish float32 B<=2 N<=32 S<=32 fwd+bwd") for kind in autotune._CHOSEN)
+
+
+def _rank(rank, world, store_file, cache, results):
+    """One rank of a 2-rank gloo job whose fake clock favours a different arm on each rank."""
+    import os
+
+    os.environ["HF_MGK_CACHE"] = os.path.join(cache, str(rank))  # two machines: no shared cache
+    torch.distributed.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=world)
+    autotune.MEASURED_DEVICES = ("cuda", "cpu")
+    autotune.REPEATS = 1
+    fast = ("triton", "blocked")[rank]
+    clock = FakeClock({"triton": 1.0 if fast == "triton" else 3.0, "blocked": 1.0 if fast == "blocked" else 3.0})
+    am.mgk_triton = clock.wrap(am, "mgk_triton", "triton")
+    am.mgk_blocked = clock.wrap(am, "mgk_blocked", "blocked")
+    autotune.clock = clock
+    run_mgk(*mgk_inputs())
+    torch.distributed.barrier()
+    with open(os.path.join(results, str(rank)), "w") as f:
+        f.write(clock.calls[-1])
+
+
+@pytest.mark.slow
+def test_the_ranks_of_a_real_job_run_one_choice(tmp_path):
+    """Two processes in a gloo group (the default store the job's ranks share), each timing its own arm faster: both
+    run the one choice the first to finish published."""
+    import torch.multiprocessing as mp
+
+    (tmp_path / "results").mkdir()
+    mp.spawn(_rank, args=(2, str(tmp_path / "store"), str(tmp_path / "cache"), str(tmp_path / "results")), nprocs=2,
+             join=True)
+    ran = {(tmp_path / "results" / str(r)).read_text() for r in range(2)}
+    assert len(ran) == 1 and ran <= {"triton", "blocked"}
