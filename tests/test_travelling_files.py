@@ -79,3 +79,12 @@ def test_the_references_stand_apart(travelling_files):
                 assert module.split(".")[0] == "torch" or module in sys.stdlib_module_names, f"{path.name}: {module}"
     for path in travelling_files:
         assert not any("reference" in module for _, module in imports(path)), path.name
+
+
+def test_siblings_are_imported_by_name(travelling_files):
+    """transformers finds the siblings a checkpoint's code needs by the form `from .name import ...`: a sibling
+    imported as `from . import name` is not copied next to the model, and the load fails without hf_mgk."""
+    for path in travelling_files:
+        lines = [i + 1 for i, line in enumerate(path.read_text().splitlines())
+                 if re.match(r"\s*from\s+\.\s+import\b", line)]
+        assert not lines, f"{path.name} imports a sibling as `from . import` on lines {lines}"

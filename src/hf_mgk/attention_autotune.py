@@ -37,7 +37,7 @@ import torch
 
 from .attention_triton import env_switch, triton
 
-__all__ = ["CACHE_ENV", "choose", "kind_of", "switched_on", "timed", "trial"]
+__all__ = ["CACHE_ENV", "choose", "kind_of", "measured_here", "switched_on", "timed", "trial"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +51,11 @@ clock = time.perf_counter  # replaced by a fake clock in the tests
 _CHOSEN = {}          # kind text -> backend, for this process
 _FILES = {}           # cache file path -> its choices, read once
 _WARNED = set()
+
+
+def measured_here(device_type):
+    """Whether `auto` times the kernels on this device type (MEASURED_DEVICES, read at each call)."""
+    return device_type in MEASURED_DEVICES
 
 
 def switched_on():

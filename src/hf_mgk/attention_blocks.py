@@ -8,7 +8,7 @@ import logging
 
 import torch
 
-from . import attention_autotune
+from .attention_autotune import measured_here
 
 __all__ = ["RETIRED_BACKENDS", "autocast_enabled", "resolve_backend", "row_blocks"]
 
@@ -76,7 +76,7 @@ def resolve_backend(backend, auto, refusals, device_type=None, timed=None):
     where the kernels can run the call."""
     if backend == "auto":
         why = refusals.get("triton")
-        if timed is not None and why is None and device_type in attention_autotune.MEASURED_DEVICES:
+        if timed is not None and why is None and measured_here(device_type):
             return timed()
         if (device_type == "cuda" and auto != "triton" and why is not None and not why.startswith("triton is not")
                 and not torch.compiler.is_compiling()):
