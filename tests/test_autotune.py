@@ -19,6 +19,10 @@ from hf_mgk import attention_fish as af  # noqa: E402
 from hf_mgk import attention_mgk as am  # noqa: E402
 from hf_mgk.attention_fish import fish_attention, make_gfish_mixing  # noqa: E402
 from hf_mgk.attention_mgk import mgk_attention, smgk_attention  # noqa: E402
+from hf_mgk.attention_triton import interpreting  # noqa: E402
+
+# The arms run on CPU tensors: the kernels need the interpreter (unset under HF_MGK_TEST_CUDA=1)
+pytestmark = pytest.mark.skipif(not interpreting(), reason="CPU tensors need the interpreter (HF_MGK_TEST_CUDA=1)")
 
 
 class FakeClock:

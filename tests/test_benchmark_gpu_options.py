@@ -72,6 +72,7 @@ def test_run_in_child_takes_the_dtype(capsys, monkeypatch):
     assert models.DTYPE == "fp16" and "seconds" in capsys.readouterr().out
 
 
+@pytest.mark.skipif(not at.interpreting(), reason="the kernels' rows on CPU tensors need the interpreter")
 def test_on_a_gpu_the_tables_show_the_kernels_and_the_eager_path_beside_auto(monkeypatch, tmp_path):
     """--device cuda (its children run here on the CPU, the kernels in Triton's interpreter): each MGK and FiSH path
     ("auto") also as "..., triton" and "..., eager" (the rule's choice without the kernels); with --static the
