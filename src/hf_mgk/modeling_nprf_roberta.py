@@ -20,6 +20,7 @@ from .attention_nprf import draw_features, nprf_attention, rpe_bias_from_buckets
 # transformers 5.8 and 5.9 copy, from a local folder, only the siblings the model file itself imports: so it
 # names every sibling its siblings import, too.
 from .attention_autotune import choose  # noqa: F401
+from .attention_triton import available  # noqa: F401
 from .attention_blocks import row_blocks  # noqa: F401
 from .attention_masks import allowed_pairs  # noqa: F401
 from .config_checks import check_int_range  # noqa: F401
