@@ -52,9 +52,10 @@ if triton is not None:
 __all__ = ["MAX_HEAD_SIZE", "available", "block_sizes", "launch_options", "mgk_triton", "refusal"]
 
 
-def block_sizes(device_type, head_size, value_size, num_keys=2):
+def block_sizes(device_type, head_size, value_size, num_keys=2, target=None):
     """(BLOCK_M query rows, BLOCK_N keys) of a program: the interpreter's small tiles (the tests' short sequences
-    still span several blocks), a GPU's defaults, or the tuned ones (attention_triton.tuned_blocks)."""
+    still span several blocks), a GPU's defaults (for compute capability `target`, e.g. 90; None: sm_90's), or the
+    tuned ones (attention_triton.tuned_blocks)."""
     if device_type == "cpu":
         default = (32, 32)
     else:
@@ -227,11 +228,14 @@ if triton is not None:
         return full, end
 
     @triton.jit
-    def _fwd_kernel(Q, K, V, X, Y, S2, O, LSE, N, S, D, DV, stride_kr, P_DROP, SEED,
+    def _fwd_kernel(Q, K, V, X, Y, S2, O, LSE, N, S, D, DV, P_DROP, SEED,
                     DROPOUT: tl.constexpr, M: tl.constexpr, HARD: tl.constexpr, CAUSAL: tl.constexpr,
                     SHARED: tl.constexpr, EVEN_N: tl.constexpr, EVEN_S: tl.constexpr, EVEN_D: tl.constexpr,
                     PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_DV: tl.constexpr):
+        if EVEN_D:  # the row strides as constants: addresses with immediate offsets
+            D, DV = BLOCK_D, BLOCK_DV
+        stride_kr = S * D
         bh = tl.program_id(0)  # 32-bit: the dropout draws' key
         bh64 = bh.to(tl.int64)  # the head's base offsets in 64 bits (B H N D passes 2^31), its tiles' in 32
         Q, O, LSE = Q + bh64 * N * D, O + bh64 * N * DV, LSE + bh64 * N
@@ -295,12 +299,15 @@ if triton is not None:
         return dq, sums
 
     @triton.jit
-    def _bwd_dq_kernel(Q, K, V, X, Y, S2, DO, LSE, DELTA, DQ, DX, N, S, D, DV, stride_kr, P_DROP, SEED,
+    def _bwd_dq_kernel(Q, K, V, X, Y, S2, DO, LSE, DELTA, DQ, DX, N, S, D, DV, P_DROP, SEED,
                        DROPOUT: tl.constexpr, M: tl.constexpr, HARD: tl.constexpr, CAUSAL: tl.constexpr,
                        SHARED: tl.constexpr, EVEN_N: tl.constexpr, EVEN_S: tl.constexpr, EVEN_D: tl.constexpr,
                        PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                        BLOCK_DV: tl.constexpr):
         """dq (the product term's) and dx (DX: (M, N) a head) for one block of query rows, over the key blocks."""
+        if EVEN_D:  # the row strides as constants: addresses with immediate offsets
+            D, DV = BLOCK_D, BLOCK_DV
+        stride_kr = S * D
         bh = tl.program_id(0)  # 32-bit: the dropout draws' key
         bh64 = bh.to(tl.int64)  # the head's base offsets in 64 bits (B H N D passes 2^31), its tiles' in 32
         Q, DO, DQ, DX = Q + bh64 * N * D, DO + bh64 * N * DV, DQ + bh64 * N * D, DX + bh64 * M * N
@@ -379,13 +386,16 @@ if triton is not None:
         return grads, dv, sums
 
     @triton.jit
-    def _bwd_dkv_kernel(Q, K, V, X, Y, S2, DO, LSE, DELTA, DK, DV_OUT, DY, N, S, D, DV, stride_kr, P_DROP, SEED,
+    def _bwd_dkv_kernel(Q, K, V, X, Y, S2, DO, LSE, DELTA, DK, DV_OUT, DY, N, S, D, DV, P_DROP, SEED,
                         DROPOUT: tl.constexpr, M: tl.constexpr, HARD: tl.constexpr, CAUSAL: tl.constexpr,
                         SHARED: tl.constexpr, EVEN_N: tl.constexpr, EVEN_S: tl.constexpr, EVEN_D: tl.constexpr,
                         PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                         BLOCK_DV: tl.constexpr):
         """dk (DK: the M keys', or sMGK the one key's), dv and dy (DY: (M, S) a head) for one block of keys, over
         the blocks of query rows: the causal diagonal's first (masked), then the rest."""
+        if EVEN_D:  # the row strides as constants: addresses with immediate offsets
+            D, DV = BLOCK_D, BLOCK_DV
+        stride_kr = S * D
         bh = tl.program_id(0)  # 32-bit: the dropout draws' key
         bh64 = bh.to(tl.int64)  # the head's base offsets in 64 bits (B H N D passes 2^31), its tiles' in 32
         Q, DO, LSE, DELTA = Q + bh64 * N * D, DO + bh64 * N * DV, LSE + bh64 * N, DELTA + bh64 * N
@@ -441,18 +451,19 @@ class _TritonMGK(torch.autograd.Function):
     def forward(ctx, q, k, v, x, y, inv_var, hard, causal, shared, dropout_p, seed):
         bh, n, d = q.shape
         s, dv, m = v.shape[1], v.shape[2], x.shape[1]
-        block_m, block_n = block_sizes(q.device.type, d, dv, m)
+        target = None if q.device.type == "cpu" else 10 * torch.cuda.get_device_capability(q.device)[0] + \
+            torch.cuda.get_device_capability(q.device)[1]
+        block_m, block_n = block_sizes(q.device.type, d, dv, m, target)
         s2 = torch.tensor(inv_var, dtype=torch.float32, device=q.device) * LOG2E
         x2, y2 = (x * LOG2E).contiguous(), (y * LOG2E).contiguous()
         # the output in float32 (returned in q's dtype): backward's delta_i = dO_i . h_i from it
         out = torch.empty(bh, n, dv, dtype=torch.float32, device=q.device)
         lse = torch.empty(bh, n, dtype=torch.float32, device=q.device)
         consts = _constants(q, n, s, d, dv, m, hard, causal, shared, block_m, block_n, dropout_p)
-        stride_kr = 0 if shared else s * d
-        _fwd_kernel[(bh, triton.cdiv(n, block_m))](q, k, v, x2, y2, s2, out, lse, n, s, d, dv, stride_kr, dropout_p,
-                                                   seed, **consts, **launch_options(block_m, block_n))
+        _fwd_kernel[(bh, triton.cdiv(n, block_m))](q, k, v, x2, y2, s2, out, lse, n, s, d, dv, dropout_p, seed,
+                                                   **consts, **launch_options(block_m, block_n))
         ctx.save_for_backward(q, k, v, x2, y2, s2, out, lse)
-        ctx.shape = (bh, n, s, d, dv, m, stride_kr, block_m, block_n, dropout_p, seed)
+        ctx.shape = (bh, n, s, d, dv, m, block_m, block_n, dropout_p, seed)
         ctx.consts = consts
         return out.to(q.dtype)
 
@@ -460,7 +471,7 @@ class _TritonMGK(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
         q, k, v, x2, y2, s2, out, lse = ctx.saved_tensors
-        bh, n, s, d, dv, m, stride_kr, block_m, block_n, dropout_p, seed = ctx.shape
+        bh, n, s, d, dv, m, block_m, block_n, dropout_p, seed = ctx.shape
         dout = dout.contiguous()
         dq = torch.empty(bh, n, d, dtype=torch.float32, device=q.device)
         dx = torch.empty(bh, m, n, dtype=torch.float32, device=q.device)
@@ -474,10 +485,13 @@ class _TritonMGK(torch.autograd.Function):
         # rounded to bfloat16 gave 3x the dense path's error in dq, 10x in the prior's gradient); the float32
         # output keeps only the rounding of P for its product with V.
         delta = (dout.float() * out).sum(-1)
-        args = (n, s, d, dv, stride_kr, dropout_p, seed)
+        args = (n, s, d, dv, dropout_p, seed)
         _bwd_dq_kernel[(bh, triton.cdiv(n, block_m))](q, k, v, x2, y2, s2, dout, lse, delta, dq, dx, *args, **consts,
                                                       **opts)
-        _bwd_dkv_kernel[(bh, triton.cdiv(s, block_n))](q, k, v, x2, y2, s2, dout, lse, delta, dk, dvv, dy, *args,
+        # dK / dV key-major: its tiles (keys, rows) take the blocks the other way round (block_m keys a program)
+        consts = _constants(q, n, s, d, dv, m, consts["HARD"], consts["CAUSAL"], consts["SHARED"], block_n, block_m,
+                            dropout_p)
+        _bwd_dkv_kernel[(bh, triton.cdiv(s, block_m))](q, k, v, x2, y2, s2, dout, lse, delta, dk, dvv, dy, *args,
                                                        **consts, **opts)
         return (dq.to(q.dtype), dk.to(k.dtype), dvv.to(v.dtype), dx, dy, None, None, None, None, None, None)
 
