@@ -157,16 +157,21 @@ if triton is not None:
                 lmax = tl.maximum(lmax, ls[r])
             A = tl.exp2(lmax)
             w = A * ds
-            if M > 1:  # 1 / (number of keys tied for the maximum), without a division
-                cnt = (ls[0] == lmax).to(tl.float32)
+            if M == 1:
+                dls = (w,)
+            else:  # e_r = 1 where key r ties for the maximum: counts them and picks them (no select, no division)
+                es = ()
+                for r in tl.static_range(M):
+                    es = es + ((ls[r] == lmax).to(tl.float32),)
+                cnt = es[0]
                 for r in tl.static_range(1, M):
-                    cnt += (ls[r] == lmax).to(tl.float32)
-                inv = 1.5 - 0.5 * cnt
+                    cnt += es[r]
+                inv = 1.5 - 0.5 * cnt  # 1 / cnt for 1 and 2 ties, more are rarer still
                 for c in tl.static_range(3, M + 1):
                     inv = tl.where(cnt == c, 1.0 / c, inv)
                 w = w * inv
-            for r in tl.static_range(M):
-                dls = dls + (tl.where(ls[r] == lmax, w, 0.0),)
+                for r in tl.static_range(M):
+                    dls = dls + (es[r] * w,)
         else:
             A = tl.exp2(ts[0] + xls[0])
             dls = (A * ds,)
@@ -292,8 +297,10 @@ if triton is not None:
             if SHARED:
                 if r > 0:
                     g += dls[r] * s2s[r]
-            else:
+            elif HARD:
                 dq += _dot((dls[r] * s2s[r]).to(ks[r].dtype), ks[r], PREC)
+            else:  # soft MGK: dls already s2_r dL_r (log2 s2_r in xl_r); dx divided by s2_r at the end
+                dq += _dot(dls[r].to(ks[r].dtype), ks[r], PREC)
         if SHARED:
             dq += _dot(g.to(ks[0].dtype), ks[0], PREC)
         return dq, sums
@@ -326,8 +333,11 @@ if triton is not None:
         s2s = ()
         dxs = ()
         for r in tl.static_range(M):
-            xls = xls + ((xs[r] - lse)[:, None],)
             s2s = s2s + (tl.load(S2 + r),)
+            if SHARED or HARD:
+                xls = xls + ((xs[r] - lse)[:, None],)
+            else:  # soft MGK: the weights come out as s2_r a_r, the operand of key r's product
+                xls = xls + ((xs[r] - lse + tl.log2(s2s[r]))[:, None],)
             dxs = dxs + (tl.zeros([BLOCK_M], tl.float32),)
         dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         full, end = _key_blocks(start_m, N, S, CAUSAL, EVEN_S, BLOCK_M, BLOCK_N)
@@ -341,10 +351,11 @@ if triton is not None:
                                PREC, BLOCK_N)
         _put(DQ, offs_m, offs_d, D, N, D, dq / 1.4426950408889634, EVEN_N, EVEN_D)
         for r in tl.static_range(M):
+            dx = dxs[r] if SHARED or HARD else dxs[r] / s2s[r]
             if EVEN_N:
-                tl.store(DX + r * N + offs_m, dxs[r])
+                tl.store(DX + r * N + offs_m, dx)
             else:
-                tl.store(DX + r * N + offs_m, dxs[r], mask=offs_m < N)
+                tl.store(DX + r * N + offs_m, dx, mask=offs_m < N)
 
     @triton.jit
     def _dkv_step(ks, v, ys, s2s, Q, DO, X, LSE, DELTA, start_m, offs_n, offs_d, offs_dv, dks, dv, dys, N, S, D, DV,
