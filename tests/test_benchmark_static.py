@@ -29,7 +29,8 @@ def test_every_launch_of_every_path_has_what_compiles_and_counts_it(path):
             assert {a for a, t in ln.signature.items() if t == "constexpr"} == set(ln.constants)
             # what the real launch uses: MGK's launch_options for its blocks, the others 4 warps, 3 stages
             blocks = (ln.constants["BLOCK_M"], ln.constants["BLOCK_N"])
-            want = amt.launch_options(*blocks) if "mgk" in path else dict(num_warps=4, num_stages=3)
+            want = (amt.launch_options(*blocks, "cuda", ln.name) if "mgk" in path
+                    else dict(num_warps=4, num_stages=3))
             assert ln.options == want
             assert ln.pairs > 0 and ln.per_pair > 0
             if path != "softmax":

@@ -52,21 +52,43 @@ if triton is not None:
 __all__ = ["MAX_HEAD_SIZE", "available", "block_sizes", "launch_options", "mgk_triton", "refusal"]
 
 
-def block_sizes(device_type, head_size, value_size, num_keys=2, target=None):
-    """(BLOCK_M query rows, BLOCK_N keys) of a program: the interpreter's small tiles (the tests' short sequences
-    still span several blocks), a GPU's defaults (for compute capability `target`, e.g. 90; None: sm_90's), or the
-    tuned ones (attention_triton.tuned_blocks)."""
+def block_sizes(device_type, head_size, value_size, num_keys=2, target=None, dtype=None):
+    """(BLOCK_M query rows, BLOCK_N keys) of a program (the dK / dV kernel takes them the other way round): the
+    interpreter's small tiles (the tests' short sequences still span several blocks), a GPU's defaults, or the
+    tuned ones (attention_triton.tuned_blocks). The defaults, for compute capability `target` (90, 80, 86; None:
+    sm_90's) and M = `num_keys` up to 4: 128 x 64 in half precision, the cheapest of the candidates on the static
+    cost model (benchmark.static) on sm_90 and sm_80 and as cheap as any on sm_86 (there every candidate is bound
+    by the tensor cores), and within sm_86's 99 KB of shared memory a block at 2 stages; float32 (IEEE products
+    on the FMA units, its tiles in float32) SMALL_FLOAT32, which fits all three."""
     if device_type == "cpu":
         default = (32, 32)
+    elif max(head_size, value_size) > 64:  # not studied on the model: the previous default
+        default = (64, 32)
     else:
-        default = (64, 64) if max(head_size, value_size) <= 64 else (64, 32)
+        default = SMALL_FLOAT32 if dtype == torch.float32 else (128, 64)
+    del num_keys, target  # one default holds for M = 1 to 4 on the three targets
     return tuned_blocks("mgk", default, shape_class(max(head_size, value_size)))
 
 
-def launch_options(block_m, block_n):
-    """num_warps and num_stages of a launch: 8 warps (two warpgroups) for tiles of 128 x 64 and more, so that a
-    thread holds what it holds at 64 x 64 with 4."""
-    return dict(num_warps=8 if block_m * block_n >= 128 * 64 else 4, num_stages=3)
+SMALL_FLOAT32 = (64, 32)
+
+# Registers a thread, capped (ptxas -maxrregcount) at the flash baseline's (benchmark.static's softmax kernels) at
+# the same launch + 32, with no spills (issue 33): 8 warps at 128 x 64 hold 104 / 128 / 214 (forward / dQ /
+# dK dV), 4 warps at 64 x 64 168 / 168 / 255. Uncapped ptxas fills 255 with no gain in occupancy.
+_REG_CAPS = {(8192, 8): dict(_fwd_kernel=136, _bwd_dq_kernel=160, _bwd_dkv_kernel=246),
+             (4096, 4): dict(_fwd_kernel=200, _bwd_dq_kernel=200)}
+
+
+def launch_options(block_m, block_n, device_type="cuda", kernel=None):
+    """num_warps, num_stages (and on a GPU the register cap of `kernel`, a kernel's name) of a launch of these
+    blocks: 8 warps (two warpgroups) for tiles of 128 x 64 and more, so that a thread holds what it holds at
+    64 x 64 with 4."""
+    warps = 8 if block_m * block_n >= 128 * 64 else 4
+    opts = dict(num_warps=warps, num_stages=2)
+    cap = _REG_CAPS.get((block_m * block_n, warps), {}).get(kernel)
+    if cap and device_type != "cpu":
+        opts["maxnreg"] = cap
+    return opts
 
 
 if triton is not None:
@@ -462,9 +484,7 @@ class _TritonMGK(torch.autograd.Function):
     def forward(ctx, q, k, v, x, y, inv_var, hard, causal, shared, dropout_p, seed):
         bh, n, d = q.shape
         s, dv, m = v.shape[1], v.shape[2], x.shape[1]
-        target = None if q.device.type == "cpu" else 10 * torch.cuda.get_device_capability(q.device)[0] + \
-            torch.cuda.get_device_capability(q.device)[1]
-        block_m, block_n = block_sizes(q.device.type, d, dv, m, target)
+        block_m, block_n = block_sizes(q.device.type, d, dv, m, None, q.dtype)
         s2 = torch.tensor(inv_var, dtype=torch.float32, device=q.device) * LOG2E
         x2, y2 = (x * LOG2E).contiguous(), (y * LOG2E).contiguous()
         # the output in float32 (returned in q's dtype): backward's delta_i = dO_i . h_i from it
@@ -472,7 +492,8 @@ class _TritonMGK(torch.autograd.Function):
         lse = torch.empty(bh, n, dtype=torch.float32, device=q.device)
         consts = _constants(q, n, s, d, dv, m, hard, causal, shared, block_m, block_n, dropout_p)
         _fwd_kernel[(bh, triton.cdiv(n, block_m))](q, k, v, x2, y2, s2, out, lse, n, s, d, dv, dropout_p, seed,
-                                                   **consts, **launch_options(block_m, block_n))
+                                                   **consts, **launch_options(block_m, block_n, q.device.type,
+                                                                              "_fwd_kernel"))
         ctx.save_for_backward(q, k, v, x2, y2, s2, out, lse)
         ctx.shape = (bh, n, s, d, dv, m, block_m, block_n, dropout_p, seed)
         ctx.consts = consts
@@ -489,7 +510,7 @@ class _TritonMGK(torch.autograd.Function):
         dk = torch.empty(k.shape, dtype=torch.float32, device=q.device)
         dvv = torch.empty(bh, s, dv, dtype=torch.float32, device=q.device)
         dy = torch.empty(bh, m, s, dtype=torch.float32, device=q.device)
-        consts, opts = ctx.consts, launch_options(block_m, block_n)
+        consts = ctx.consts
         # delta_i = dO_i . h_i = sum_jr a_ijr dO_i . v_j from the float32 output. The row sums sum_jr dL_ijr must
         # vanish as they do exactly: the |q|^2 / 2 terms of x make dq = s (sum_j dL k - q sum_j dL) a difference,
         # and the prior's gradient is a sum of cancelling terms, both of which amplify a rounded delta (an output
@@ -498,12 +519,14 @@ class _TritonMGK(torch.autograd.Function):
         delta = (dout.float() * out).sum(-1)
         args = (n, s, d, dv, dropout_p, seed)
         _bwd_dq_kernel[(bh, triton.cdiv(n, block_m))](q, k, v, x2, y2, s2, dout, lse, delta, dq, dx, *args, **consts,
-                                                      **opts)
+                                                      **launch_options(block_m, block_n, q.device.type,
+                                                                       "_bwd_dq_kernel"))
         # dK / dV key-major: its tiles (keys, rows) take the blocks the other way round (block_m keys a program)
         consts = _constants(q, n, s, d, dv, m, consts["HARD"], consts["CAUSAL"], consts["SHARED"], block_n, block_m,
                             dropout_p)
         _bwd_dkv_kernel[(bh, triton.cdiv(s, block_m))](q, k, v, x2, y2, s2, dout, lse, delta, dk, dvv, dy, *args,
-                                                       **consts, **opts)
+                                                       **consts, **launch_options(block_m, block_n, q.device.type,
+                                                                                  "_bwd_dkv_kernel"))
         return (dq.to(q.dtype), dk.to(k.dtype), dvv.to(v.dtype), dx, dy, None, None, None, None, None, None)
 
 

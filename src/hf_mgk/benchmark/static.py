@@ -189,12 +189,14 @@ def launches(path, direction, target=90, dtype="bf16", head_size=64, blocks=None
         base = dict(DROPOUT=False, M=GLOBAL_HEADS, HARD=path.endswith("hard"), CAUSAL=False,
                     SHARED=path.startswith("smgk"), EVEN_N=True, EVEN_S=True, EVEN_D=head_size == bd, PREC=None,
                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DV=bd)
-        opts = amt.launch_options(bm, bn)
+        opts = {fn: amt.launch_options(bm, bn, "cuda", fn.__name__)
+                for fn in (amt._fwd_kernel, amt._bwd_dq_kernel, amt._bwd_dkv_kernel)}
         if direction == "forward":
-            return [launch(amt._fwd_kernel, base, dtype, bm * bn, 0.5, options=opts)]
+            return [launch(amt._fwd_kernel, base, dtype, bm * bn, 0.5, options=opts[amt._fwd_kernel])]
         # dK / dV: key-major tiles, the blocks the other way round (bm keys x bn rows)
-        return [launch(amt._bwd_dq_kernel, base, dtype, bm * bn, 0.5, options=opts),
-                launch(amt._bwd_dkv_kernel, dict(base, BLOCK_M=bn, BLOCK_N=bm), dtype, bm * bn, 0.5, options=opts)]
+        return [launch(amt._bwd_dq_kernel, base, dtype, bm * bn, 0.5, options=opts[amt._bwd_dq_kernel]),
+                launch(amt._bwd_dkv_kernel, dict(base, BLOCK_M=bn, BLOCK_N=bm), dtype, bm * bn, 0.5,
+                       options=opts[amt._bwd_dkv_kernel])]
     # FiSH: forward per (batch x local head, query block) over key blocks; dQ per (batch, query block) over the H
     # local heads and, for each, the key blocks; dK / dV per (batch, key block) over the heads and the query blocks.
     # Each inner iteration covers one local head's block of pairs, once per pass: 1.0 per pair and local head, and
