@@ -17,15 +17,18 @@ the shifts and the prior. Padded keys get y = -inf. Then, with P_ij = sum_r exp(
 (hard, pi unused), h_i = sum_j P_ij v_j / sum_j P_ij: softmax_j(logsumexp_r L_ijr) needs no logarithm.
 
 Forward: one program per (batch x head, block of query rows), one pass over the key blocks with an online row
-maximum m_i (the M keys of a block are folded in one after another, each rescaling the block's P when it raises
-the maximum), exp2 with log2(e) folded into s, x and y. Saved for backward: lse_i = m_i + log2 sum_j P_ij (in
-log2 units; +inf for a row that sees no key, whose output is 0, so that every recomputed weight of it is 0).
-Backward recomputes the weights a_ijr = exp2(L_ijr - lse_i) from q and k (nothing N x S is kept): with
-delta_i = dO_i . h_i, dL_ijr = a_ijr (dO_i . v_j - delta_i) (hard: a_ij split between the keys with the largest
-term, ties equally as torch.amax's backward). delta comes from one pass over the recomputed weights (the dQ kernel
-without dQ), dQ from a second (per query block, over key blocks), dK and dV from a third kernel (per key block and
-key r, over query blocks; the M programs' dV shares are summed afterwards).
-
+maximum m_i: a block's M tiles t_r = s_r q.k_r + y_r first, the row maximum of every t_r + x_r (x_r is one number a
+row), then one rescale; exp2 with log2(e) folded into s, x and y. x is loaded once a program, y once a key block.
+Masks only where needed: the causal `where` on the blocks the diagonal crosses (bottom-right aligned, any N, S),
+bounds masks on loads only where a length is not a multiple of its block (EVEN_N / EVEN_S / EVEN_D). Saved for
+backward: lse_i = m_i + log2 sum_j P_ij (log2 units; +inf for a row that sees no key, whose output is 0, so that
+every recomputed weight of it is 0) and the output in float32, its P split into two half-precision parts
+(hi + lo, ~16 bits) for the products with V, so that delta_i = dO_i . h_i holds to float32's rounding.
+Backward recomputes the weights a_ijr = exp2(L_ijr - lse_i) from q and k (nothing N x S is kept): with delta_i from
+the float32 output, dL_ijr = a_ijr (dO_i . v_j - delta_i) (hard: a_ij split between the keys with the largest
+term, ties equally as torch.amax's backward, from the M tiles kept). Two passes: dQ and dx per query block over
+the key blocks; dK, dV and dy per key block over the query blocks, key-major, every key r of the block in one
+program (dV from one product with sum_r a_ijr).
 Dropout (on a_ij, as F.dropout on the weights): the mask of each (batch x head, query, key) is a counter-based draw,
 tl.rand(seed + batch x head, i S + j), from one seed drawn from torch's generator per call, so that the forward
 and the backward kernels regenerate the same mask with nothing stored, and a seeded run repeats.
@@ -70,7 +73,7 @@ def block_sizes(device_type, head_size, value_size, num_keys=2, target=None, dty
     return tuned_blocks("mgk", default, shape_class(max(head_size, value_size)))
 
 
-SMALL_FLOAT32 = (64, 32)
+SMALL_FLOAT32 = (32, 32)  # float32 at M = 4, 2 stages: 78.6 KB of shared memory on sm_86 (64 x 32: 140 KB)
 
 # Registers a thread, capped (ptxas -maxrregcount) at the flash baseline's (benchmark.static's softmax kernels) at
 # the same launch + 32, with no spills (issue 33): 8 warps at 128 x 64 hold 104 / 128 / 214 (forward / dQ /
@@ -514,8 +517,9 @@ class _TritonMGK(torch.autograd.Function):
         # delta_i = dO_i . h_i = sum_jr a_ijr dO_i . v_j from the float32 output. The row sums sum_jr dL_ijr must
         # vanish as they do exactly: the |q|^2 / 2 terms of x make dq = s (sum_j dL k - q sum_j dL) a difference,
         # and the prior's gradient is a sum of cancelling terms, both of which amplify a rounded delta (an output
-        # rounded to bfloat16 gave 3x the dense path's error in dq, 10x in the prior's gradient); the float32
-        # output keeps only the rounding of P for its product with V.
+        # rounded to bfloat16 gave 3x the dense path's error in dq, 10x in the prior's gradient). The float32
+        # output keeps only the rounding of P for its product with V: P in one bfloat16 part failed the prior's
+        # gradient by 4x its tolerance, P = hi + lo (the forward's two products) passes with the old margins.
         delta = (dout.float() * out).sum(-1)
         args = (n, s, d, dv, dropout_p, seed)
         _bwd_dq_kernel[(bh, triton.cdiv(n, block_m))](q, k, v, x2, y2, s2, dout, lse, delta, dq, dx, *args, **consts,
