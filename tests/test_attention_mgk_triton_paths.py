@@ -64,22 +64,16 @@ def test_hard_ties_of_some_pairs_split_the_gradient(device, shared, m):
 
 
 _COMPILE = """
-import itertools, os, triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-import hf_mgk.attention_mgk_triton as amt
-RUNTIME = {"N": "i32", "S": "i32", "D": "i32", "DV": "i32", "SEED": "i32", "P_DROP": "fp32"}
-bm, bn = amt.block_sizes("cuda", 64, 64, 2, 90)
-for m, hard, shared, dropout in itertools.product([2, 4], [False, True], [False, True], [False, True]):
-    base = dict(DROPOUT=dropout, M=m, HARD=hard, CAUSAL=dropout, SHARED=shared, EVEN_N=True, EVEN_S=True,
-                EVEN_D=True, PREC=None, BLOCK_D=64, BLOCK_DV=64)
-    for fn, blocks in [(amt._fwd_kernel, (bm, bn)), (amt._bwd_dq_kernel, (bm, bn)), (amt._bwd_dkv_kernel, (bn, bm))]:
-        consts = dict(base, BLOCK_M=blocks[0], BLOCK_N=blocks[1])
-        sig = {a: "constexpr" if a in consts else RUNTIME.get(a, "*bf16" if a in "Q K V DO O" else "*fp32")
-               for a in fn.arg_names}
-        opts = amt.launch_options(bm, bn, "cuda", fn.__name__)
-        k = triton.compile(ASTSource(fn, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32), options=opts)
-        print(fn.__name__, m, hard, shared, dropout, opts, k.n_regs, k.n_spills, flush=True)
+import itertools
+from hf_mgk.benchmark import static
+for path, m, masks in itertools.product(["mgk soft", "mgk hard", "smgk soft", "smgk hard"], [2, 4], [False, True]):
+    static.GLOBAL_HEADS = m
+    for direction in ("forward", "backward"):
+        for ln in static.launches(path, direction):
+            ln.constants.update(DROPOUT=masks, CAUSAL=masks)
+            meta, _ = static.compiled(ln, 90)
+            print(ln.name, path.replace(" ", "-"), m, masks, ln.options["num_warps"], ln.options.get("maxnreg"),
+                  meta["regs"], meta["local_bytes"], flush=True)
 """
 
 
@@ -90,8 +84,8 @@ def test_the_gpu_launches_compile_without_spills():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.split("\n")
-    rows = [line.split() for line in lines if line.startswith("_")]
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith("_")]
     assert len(rows) == 48, done.stdout[-2000:]
-    for row in rows:
-        assert row[-1] == "0", row  # spills
+    for name, path, m, masks, warps, cap, regs, local in rows:
+        assert warps == "8" and cap != "None" and int(regs) <= int(cap), (name, path, m, masks, cap, regs)
+        assert local == "0", (name, path, m, masks, local)  # no spills
