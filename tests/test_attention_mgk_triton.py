@@ -295,12 +295,11 @@ from triton.compiler import ASTSource
 import os
 ARCH = int(os.environ["HF_MGK_TEST_ARCH"])
 import hf_mgk.attention_mgk_triton as amt
-RUNTIME = {"N": "i32", "S": "i32", "D": "i32", "DV": "i32", "stride_kr": "i32", "SEED": "i32", "P_DROP": "fp32"}
+RUNTIME = {"N": "i32", "S": "i32", "D": "i32", "DV": "i32", "SEED": "i32", "P_DROP": "fp32"}
 for dt, hard in itertools.product(["bf16"], [False, True]):
-    base = dict(DROPOUT=True, M=2, HARD=hard, CAUSAL=True, SHARED=hard, PREC="ieee" if dt == "fp32" else None,
-                BLOCK_M=32, BLOCK_N=32, BLOCK_D=32, BLOCK_DV=32)
-    for fn, extra in [(amt._fwd_kernel, {}), (amt._bwd_dq_kernel, dict(MP=2, WITH_DQ=False)),
-                      (amt._bwd_dq_kernel, dict(MP=2, WITH_DQ=True)), (amt._bwd_dkv_kernel, {})]:
+    base = dict(DROPOUT=True, M=2, HARD=hard, CAUSAL=True, SHARED=hard, EVEN_N=hard, EVEN_S=hard, EVEN_D=not hard,
+                PREC="ieee" if dt == "fp32" else None, BLOCK_M=32, BLOCK_N=32, BLOCK_D=32, BLOCK_DV=32)
+    for fn, extra in [(amt._fwd_kernel, {}), (amt._bwd_dq_kernel, {}), (amt._bwd_dkv_kernel, {})]:
         consts = {**base, **extra}
         sig = {a: "constexpr" if a in consts else RUNTIME.get(a, "*" + dt if a in "Q K V DO O" else "*fp32")
                for a in fn.arg_names}

@@ -159,7 +159,7 @@ def test_tuned_block_sizes_reach_the_kernels(monkeypatch, caplog):
     assert at.tuned_blocks("mgk", (1, 1), "w64") == (128, 32) and at.tuned_blocks("fish", (1, 1), "w128") == (32, 64)
     assert amt.block_sizes("cuda", 64, 64) == (128, 32) and aft.block_sizes("cuda", 2, 64, 64) == (32, 64)
     monkeypatch.setenv("HF_MGK_TRITON_BLOCKS", "fish:w128=32x64")
-    assert amt.block_sizes("cuda", 64, 64) == (64, 64) and amt.block_sizes("cpu", 64, 64) == (32, 32)
+    assert amt.block_sizes("cuda", 64, 64) == (128, 64) and amt.block_sizes("cpu", 64, 64) == (32, 32)
 
 
 def test_tuned_block_sizes_hold_for_the_shape_class_they_were_timed_at(monkeypatch, caplog):
@@ -171,7 +171,7 @@ def test_tuned_block_sizes_hold_for_the_shape_class_they_were_timed_at(monkeypat
     assert aft.block_sizes("cuda", 2, 64, 64) == (16, 16)      # the class it was tuned at
     assert aft.block_sizes("cuda", 4, 64, 64) == (32, 64)      # M = 4: w256 keeps its default
     assert aft.block_sizes("cuda", 2, 128, 64) == (32, 64)     # D = 128: w256 too
-    assert amt.block_sizes("cuda", 64, 64) == (64, 64) and amt.block_sizes("cuda", 128, 128) == (16, 32)
+    assert amt.block_sizes("cuda", 64, 64) == (128, 64) and amt.block_sizes("cuda", 128, 128) == (16, 32)
     monkeypatch.setattr(at, "_UNCLASSED_SAID", set())
     monkeypatch.setenv("HF_MGK_TRITON_BLOCKS", "fish=16x16")
     with caplog.at_level("WARNING", logger="hf_mgk.attention_triton"):

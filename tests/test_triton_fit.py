@@ -27,14 +27,15 @@ def test_float32_blocks_are_halved_where_shared_memory_is_small():
 
 def test_the_families_blocks_follow_the_dtype_and_the_gpu(monkeypatch):
     monkeypatch.delenv("HF_MGK_TRITON_BLOCKS", raising=False)
-    assert amt.block_sizes("cuda", 64, 64, torch.float32, 99 * KB) == (32, 32)
-    assert amt.block_sizes("cuda", 64, 64, torch.bfloat16, 99 * KB) == (64, 64)
-    assert amt.block_sizes("cuda", 64, 64, torch.float32, 227 * KB) == (64, 64)
+    # MGK: 128 x 64 in half precision (within sm_86's 99 KB at 2 stages), 32 x 32 in float32 on every GPU
+    assert amt.block_sizes("cuda", 64, 64, torch.float32) == (32, 32)
+    assert amt.block_sizes("cuda", 64, 64, torch.bfloat16) == (128, 64)
     assert aft.block_sizes("cuda", 2, 64, 64, torch.float32, 163 * KB) == (32, 32)
     assert aft.block_sizes("cuda", 4, 64, 64, torch.float32, 99 * KB) == (16, 32)
-    assert amt.block_sizes("cpu", 64, 64, torch.float32, None) == (32, 32)       # the interpreter's tiles
-    monkeypatch.setenv("HF_MGK_TRITON_BLOCKS", "mgk:w64=64x64")                   # a tuning is taken as given
-    assert amt.block_sizes("cuda", 64, 64, torch.float32, 99 * KB) == (64, 64)
+    assert amt.block_sizes("cpu", 64, 64, torch.float32) == (32, 32)             # the interpreter's tiles
+    monkeypatch.setenv("HF_MGK_TRITON_BLOCKS", "mgk:w64=64x64,fish:w128=64x64")  # a tuning is taken as given
+    assert amt.block_sizes("cuda", 64, 64, torch.float32) == (64, 64)
+    assert aft.block_sizes("cuda", 2, 64, 64, torch.float32, 99 * KB) == (64, 64)
 
 
 def test_shared_memory_is_none_off_a_gpu():

@@ -49,11 +49,12 @@ def wide(X, Y, N, BLOCK: tl.constexpr):
 RUNTIME = {"N": "i32", "S": "i32", "D": "i32", "DV": "i32", "M": "i32", "H": "i32", "stride_kr": "i32",
            "SEED": "i32", "NSEED": "i32", "scale": "fp32", "P_DROP": "fp32"}
 BLOCKS = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_D=32, BLOCK_DV=32)
-MGK = dict(DROPOUT=True, M=2, HARD=False, CAUSAL=True, SHARED=False, PREC=None, **BLOCKS)
+MGK = dict(DROPOUT=True, M=2, HARD=False, CAUSAL=True, SHARED=False, EVEN_N=False, EVEN_S=False, EVEN_D=False,
+           PREC=None, **BLOCKS)
 FISH = dict(MP=2, NETWORK=False, NOISE=True, PADDED=True, CAUSAL=True, DROPOUT=True, PREC=None, **BLOCKS)
 KERNELS = {
     "mgk._fwd_kernel": (amt._fwd_kernel, MGK),
-    "mgk._bwd_dq_kernel": (amt._bwd_dq_kernel, dict(MGK, MP=2, WITH_DQ=True)),
+    "mgk._bwd_dq_kernel": (amt._bwd_dq_kernel, MGK),
     "mgk._bwd_dkv_kernel": (amt._bwd_dkv_kernel, MGK),
     "fish._fwd_kernel": (aft._fwd_kernel, FISH),
     "fish._bwd_q_kernel": (aft._bwd_q_kernel, dict(FISH, HP=8)),

@@ -17,15 +17,18 @@ the shifts and the prior. Padded keys get y = -inf. Then, with P_ij = sum_r exp(
 (hard, pi unused), h_i = sum_j P_ij v_j / sum_j P_ij: softmax_j(logsumexp_r L_ijr) needs no logarithm.
 
 Forward: one program per (batch x head, block of query rows), one pass over the key blocks with an online row
-maximum m_i (the M keys of a block are folded in one after another, each rescaling the block's P when it raises
-the maximum), exp2 with log2(e) folded into s, x and y. Saved for backward: lse_i = m_i + log2 sum_j P_ij (in
-log2 units; +inf for a row that sees no key, whose output is 0, so that every recomputed weight of it is 0).
-Backward recomputes the weights a_ijr = exp2(L_ijr - lse_i) from q and k (nothing N x S is kept): with
-delta_i = dO_i . h_i, dL_ijr = a_ijr (dO_i . v_j - delta_i) (hard: a_ij split between the keys with the largest
-term, ties equally as torch.amax's backward). delta comes from one pass over the recomputed weights (the dQ kernel
-without dQ), dQ from a second (per query block, over key blocks), dK and dV from a third kernel (per key block and
-key r, over query blocks; the M programs' dV shares are summed afterwards).
-
+maximum m_i: a block's M tiles t_r = s_r q.k_r + y_r first, the row maximum of every t_r + x_r (x_r is one number a
+row), then one rescale; exp2 with log2(e) folded into s, x and y. x is loaded once a program, y once a key block.
+Masks only where needed: the causal `where` on the blocks the diagonal crosses (bottom-right aligned, any N, S),
+bounds masks on loads only where a length is not a multiple of its block (EVEN_N / EVEN_S / EVEN_D). Saved for
+backward: lse_i = m_i + log2 sum_j P_ij (log2 units; +inf for a row that sees no key, whose output is 0, so that
+every recomputed weight of it is 0) and the output in float32, its P split into two half-precision parts
+(hi + lo, ~16 bits) for the products with V, so that delta_i = dO_i . h_i holds to float32's rounding.
+Backward recomputes the weights a_ijr = exp2(L_ijr - lse_i) from q and k (nothing N x S is kept): with delta_i from
+the float32 output, dL_ijr = a_ijr (dO_i . v_j - delta_i) (hard: a_ij split between the keys with the largest
+term, ties equally as torch.amax's backward, from the M tiles kept). Two passes: dQ and dx per query block over
+the key blocks; dK, dV and dy per key block over the query blocks, key-major, every key r of the block in one
+program (dV from one product with sum_r a_ijr).
 Dropout (on a_ij, as F.dropout on the weights): the mask of each (batch x head, query, key) is a counter-based draw,
 tl.rand(seed + batch x head, i S + j), from one seed drawn from torch's generator per call, so that the forward
 and the backward kernels regenerate the same mask with nothing stored, and a seeded run repeats.
@@ -39,8 +42,8 @@ import math
 
 import torch
 
-from .attention_triton import (LOG2E, MAX_HEAD_SIZE, available, fitted, precision, refusal, shape_class,
-                               shared_memory, tl, triton, tuned_blocks)
+from .attention_triton import (LOG2E, MAX_HEAD_SIZE, available, precision, refusal, shape_class, tl, triton,
+                               tuned_blocks)
 
 if triton is not None:
     from .attention_triton import dot as _dot
@@ -49,254 +52,432 @@ if triton is not None:
     from .attention_triton import query_start as _query_start
     from .attention_triton import softmax_state as _softmax_state
 
-__all__ = ["MAX_HEAD_SIZE", "available", "block_sizes", "mgk_triton", "refusal"]
+__all__ = ["MAX_HEAD_SIZE", "available", "block_sizes", "launch_options", "mgk_triton", "refusal"]
 
 
-def block_sizes(device_type, head_size, value_size, dtype=torch.bfloat16, shared=None):
-    """(BLOCK_M query rows, BLOCK_N keys) of a program: the interpreter's small tiles (the tests' short sequences
-    still span several blocks), a GPU's defaults fitted to its `shared` memory per program in `dtype`
-    (attention_triton.fitted), or the tuned ones (attention_triton.tuned_blocks)."""
+def block_sizes(device_type, head_size, value_size, dtype=None):
+    """(BLOCK_M query rows, BLOCK_N keys) of a program (the dK / dV kernel takes them the other way round): the
+    interpreter's small tiles (the tests' short sequences still span several blocks), a GPU's defaults, or the
+    tuned ones (attention_triton.tuned_blocks). The defaults, the same on sm_90, sm_80 and sm_86 and for M = 1 to
+    4: 128 x 64 in half precision, the cheapest of the candidates on the static
+    cost model (benchmark.static) on sm_90 and sm_80 and as cheap as any on sm_86 (there every candidate is bound
+    by the tensor cores), and within sm_86's 99 KB of shared memory a block at 2 stages; float32 (IEEE products
+    on the FMA units, its tiles in float32) SMALL_FLOAT32, which fits all three."""
     if device_type == "cpu":
         default = (32, 32)
+    elif dtype == torch.float32:
+        default = SMALL_FLOAT32
+    elif max(head_size, value_size) > 64:  # not studied on the model: the previous default
+        default = (64, 32)
     else:
-        default = fitted((64, 64) if max(head_size, value_size) <= 64 else (64, 32), dtype, shared)
+        default = (128, 64)
     return tuned_blocks("mgk", default, shape_class(max(head_size, value_size)))
+
+
+SMALL_FLOAT32 = (32, 32)  # float32 at M = 4, 2 stages: 78.6 KB of shared memory on sm_86 at D = 64 (64 x 32: 140 KB)
+
+# Registers a thread, capped (ptxas -maxrregcount) at the flash baseline's (benchmark.static's softmax kernels) at
+# the same launch + 32, with no spills (issue 33): 8 warps at 128 x 64 hold 104 / 128 / 214 (forward / dQ /
+# dK dV), 4 warps at 64 x 64 168 / 168 / 255. Uncapped ptxas fills 255 with no gain in occupancy.
+_REG_CAPS = {(8192, 8): dict(_fwd_kernel=136, _bwd_dq_kernel=160, _bwd_dkv_kernel=246),
+             (4096, 4): dict(_fwd_kernel=200, _bwd_dq_kernel=200)}
+
+
+def launch_options(block_m, block_n, device_type="cuda", kernel=None):
+    """num_warps, num_stages (and on a GPU the register cap of `kernel`, a kernel's name) of a launch of these
+    blocks: 8 warps (two warpgroups) for tiles of 128 x 64 and more, so that a thread holds what it holds at
+    64 x 64 with 4."""
+    warps = 8 if block_m * block_n >= 128 * 64 else 4
+    opts = dict(num_warps=warps, num_stages=2)
+    cap = _REG_CAPS.get((block_m * block_n, warps), {}).get(kernel)
+    if cap and device_type != "cpu":
+        opts["maxnreg"] = cap
+    return opts
 
 
 if triton is not None:
 
     @triton.jit
-    def _scores(q, k_ptrs, r, s2_ptr, x_ptr, y_ptr, offs_m, offs_n, n_q, n_k, N, S, qk_shared,
-                CAUSAL: tl.constexpr, SHARED: tl.constexpr, PREC: tl.constexpr):
-        """L_r * log2(e) of a (BLOCK_M, BLOCK_N) tile, -inf where hidden (causal, padding, past the ends)."""
-        if SHARED:  # sMGK: one q . k for all M keys
-            qk = qk_shared
+    def _tile(base, offs_a, offs_b, stride, A, B, EVEN_A: tl.constexpr, EVEN_B: tl.constexpr):
+        """The (offs_a, offs_b) tile of a row-major matrix, 0 past A rows or B columns: a bounds mask only on a
+        side whose length is not a multiple of its block (EVEN_*), so even lengths load without predicates."""
+        ptrs = base + offs_a[:, None] * stride + offs_b[None, :]
+        if EVEN_A and EVEN_B:
+            t = tl.load(ptrs)
+        elif EVEN_A:
+            t = tl.load(ptrs, mask=(offs_b < B)[None, :], other=0.0)
+        elif EVEN_B:
+            t = tl.load(ptrs, mask=(offs_a < A)[:, None], other=0.0)
         else:
-            k = tl.load(k_ptrs, mask=(offs_n < S)[:, None] & n_k[None, :], other=0.0)
-            qk = _dot(q, tl.trans(k), PREC)
-        s2 = tl.load(s2_ptr + r)
-        x = tl.load(x_ptr + offs_m, mask=offs_m < N, other=0.0)
-        y = tl.load(y_ptr + offs_n, mask=offs_n < S, other=float("-inf"))
-        score = qk * s2 + x[:, None] + y[None, :]
-        if CAUSAL:  # bottom-right aligned: query i sees key j <= i + S - N
-            score = tl.where(offs_n[None, :] <= offs_m[:, None] + (S - N), score, float("-inf"))
-        return score
+            t = tl.load(ptrs, mask=(offs_a < A)[:, None] & (offs_b < B)[None, :], other=0.0)
+        return t
 
     @triton.jit
-    def _fwd_kernel(Q, K, V, X, Y, S2, O, LSE, N, S, D, DV, stride_kr, P_DROP, SEED,
+    def _put(base, offs_a, offs_b, stride, A, B, value, EVEN_A: tl.constexpr, EVEN_B: tl.constexpr):
+        """Store a tile as `_tile` loads one (masks only on uneven sides)."""
+        ptrs = base + offs_a[:, None] * stride + offs_b[None, :]
+        if EVEN_A and EVEN_B:
+            tl.store(ptrs, value)
+        else:
+            tl.store(ptrs, value, mask=(offs_a < A)[:, None] & (offs_b < B)[None, :])
+
+    @triton.jit
+    def _rows(base, offs, L, other, M: tl.constexpr, EVEN: tl.constexpr):
+        """The M per-key vectors (x_r of the rows offs, or y_r of the keys offs) of a (M, L) matrix, as a tuple."""
+        out = ()
+        for r in tl.static_range(M):
+            if EVEN:
+                out = out + (tl.load(base + r * L + offs),)
+            else:
+                out = out + (tl.load(base + r * L + offs, mask=offs < L, other=other),)
+        return out
+
+    @triton.jit
+    def _keys(K, stride_kr, offs_n, offs_d, S, D, M: tl.constexpr, SHARED: tl.constexpr, EVEN_S: tl.constexpr,
+              EVEN_D: tl.constexpr):
+        """The key tiles of a block: M (MGK) or the one key (sMGK), as a tuple."""
+        out = ()
+        for r in tl.static_range(1 if SHARED else M):
+            out = out + (_tile(K + r * stride_kr, offs_n, offs_d, D, S, D, EVEN_S, EVEN_D),)
+        return out
+
+    @triton.jit
+    def _terms(q, ks, ys, s2s, offs_m, offs_n, N, S, M: tl.constexpr, SHARED: tl.constexpr,
+               CAUSAL_MASK: tl.constexpr, KEY_MAJOR: tl.constexpr, PREC: tl.constexpr):
+        """The M tiles t_r = s_r q.k_r + y_r of a block (log2 units; x_r is added per row by the caller), -inf
+        where causal hides the pair (bottom-right aligned: query i sees key j <= i + S - N; padding and keys past
+        S have y = -inf). Query-major (i, j), or KEY_MAJOR (j, i) for the dK / dV kernel. sMGK: one product."""
+        ts = ()
+        qk = ks[0]  # placeholder, assigned before use
+        for r in tl.static_range(M):
+            if r == 0 or not SHARED:
+                if KEY_MAJOR:
+                    qk = _dot(ks[r], tl.trans(q), PREC)
+                else:
+                    qk = _dot(q, tl.trans(ks[r]), PREC)
+            if KEY_MAJOR:
+                t = qk * s2s[r] + ys[r][:, None]
+            else:
+                t = qk * s2s[r] + ys[r][None, :]
+            if CAUSAL_MASK:  # only the blocks the diagonal crosses
+                if KEY_MAJOR:
+                    t = tl.where(offs_n[:, None] <= offs_m[None, :] + (S - N), t, float("-inf"))
+                else:
+                    t = tl.where(offs_n[None, :] <= offs_m[:, None] + (S - N), t, float("-inf"))
+            ts = ts + (t,)
+        return ts
+
+    @triton.jit
+    def _weights(ts, xls, ds, M: tl.constexpr, HARD: tl.constexpr):
+        """(A, dls): A_ij = sum_r a_ijr (what dV needs) and dL_ijr = a_ijr ds_ij from the tiles t_r and
+        xl_r = x_r - lse (broadcast to the tile: a_ijr = exp2(t_r + xl_r)). Hard: a_ij = exp2(max_r (t_r + xl_r))
+        split equally between the keys tied for the maximum, as torch.amax's backward (hidden pairs: all -inf,
+        weight 0)."""
+        dls = ()
+        if HARD:
+            ls = ()
+            for r in tl.static_range(M):
+                ls = ls + (ts[r] + xls[r],)
+            lmax = ls[0]
+            for r in tl.static_range(1, M):
+                lmax = tl.maximum(lmax, ls[r])
+            A = tl.exp2(lmax)
+            w = A * ds
+            if M == 1:
+                dls = (w,)
+            else:  # e_r = 1 where key r ties for the maximum: counts them and picks them (no select, no division)
+                es = ()
+                for r in tl.static_range(M):
+                    es = es + ((ls[r] == lmax).to(tl.float32),)
+                cnt = es[0]
+                for r in tl.static_range(1, M):
+                    cnt += es[r]
+                inv = 1.5 - 0.5 * cnt  # 1 / cnt for 1 and 2 ties, more are rarer still
+                for c in tl.static_range(3, M + 1):
+                    inv = tl.where(cnt == c, 1.0 / c, inv)
+                w = w * inv
+                for r in tl.static_range(M):
+                    dls = dls + (es[r] * w,)
+        else:
+            A = tl.exp2(ts[0] + xls[0])
+            dls = (A * ds,)
+            for r in tl.static_range(1, M):
+                a = tl.exp2(ts[r] + xls[r])
+                A += a
+                dls = dls + (a * ds,)
+        return A, dls
+
+    @triton.jit
+    def _fwd_step(q, xs, s2s, K, stride_kr, V, Y, start_n, offs_m, offs_d, offs_dv, m_i, l_i, acc, N, S, D, DV,
+                  P_DROP, SEED, bh, DROPOUT: tl.constexpr, M: tl.constexpr, HARD: tl.constexpr,
+                  SHARED: tl.constexpr, CAUSAL_MASK: tl.constexpr, EVEN_S: tl.constexpr, EVEN_D: tl.constexpr,
+                  PREC: tl.constexpr, BLOCK_N: tl.constexpr):
+        """One key block of the online softmax: the M tiles first, their maximum, then one rescale."""
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        ks = _keys(K, stride_kr, offs_n, offs_d, S, D, M, SHARED, EVEN_S, EVEN_D)
+        ys = _rows(Y, offs_n, S, float("-inf"), M, EVEN_S)
+        ts = _terms(q, ks, ys, s2s, offs_m, offs_n, N, S, M, SHARED, CAUSAL_MASK, False, PREC)
+        lmax = ts[0]
+        if HARD:  # L = max_r (t_r + x_r) per pair
+            lmax = ts[0] + xs[0][:, None]
+            for r in tl.static_range(1, M):
+                lmax = tl.maximum(lmax, ts[r] + xs[r][:, None])
+            m_new = tl.maximum(m_i, tl.max(lmax, 1))
+        else:  # the row maximum of every L_r = t_r + x_r: x_r is one number per row
+            m_new = m_i
+            for r in tl.static_range(M):
+                m_new = tl.maximum(m_new, tl.max(ts[r], 1) + xs[r])
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet: P stays 0
+        if HARD:
+            p = tl.exp2(lmax - m_use[:, None])
+        else:
+            p = tl.exp2(ts[0] + (xs[0] - m_use)[:, None])
+            for r in tl.static_range(1, M):
+                p += tl.exp2(ts[r] + (xs[r] - m_use)[:, None])
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = _tile(V, offs_n, offs_dv, DV, S, DV, EVEN_S, EVEN_D)
+        if DROPOUT:  # a_ij dropped after the normalisation (Z sums the undropped P); 1 / (1 - p) at the end
+            p = tl.where(_keep(SEED, bh, offs_m, offs_n, S, P_DROP), p, 0.0)
+        hi = p.to(v.dtype)
+        acc = acc * alpha[:, None] + _dot(hi, v, PREC)
+        if PREC != "ieee":  # half precision: P = hi + lo to ~16 bits, so that backward's delta = dO . out holds
+            acc += _dot((p - hi.to(tl.float32)).to(v.dtype), v, PREC)
+        return m_new, l_i, acc
+
+    @triton.jit
+    def _key_blocks(start_m, N, S, CAUSAL: tl.constexpr, EVEN_S: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+        """(full, end) for a block of query rows: the key blocks before `full` need no mask (every row sees all
+        their keys, all inside S), those from `full` to `end` do (the causal diagonal, a ragged last block)."""
+        full = S
+        if not EVEN_S:
+            full = S // BLOCK_N * BLOCK_N
+        end = _key_end(start_m, BLOCK_M, N, S, CAUSAL)
+        if CAUSAL:  # the first row's last key is start_m + S - N
+            full = tl.minimum(full, tl.maximum(start_m + S - N + 1, 0) // BLOCK_N * BLOCK_N)
+        return full, end
+
+    @triton.jit
+    def _fwd_kernel(Q, K, V, X, Y, S2, O, LSE, N, S, D, DV, P_DROP, SEED,
                     DROPOUT: tl.constexpr, M: tl.constexpr, HARD: tl.constexpr, CAUSAL: tl.constexpr,
-                    SHARED: tl.constexpr,
+                    SHARED: tl.constexpr, EVEN_N: tl.constexpr, EVEN_S: tl.constexpr, EVEN_D: tl.constexpr,
                     PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_DV: tl.constexpr):
+        if EVEN_D:  # the row strides as constants: addresses with immediate offsets
+            D, DV = BLOCK_D, BLOCK_DV
+        stride_kr = S * D
         bh = tl.program_id(0)  # 32-bit: the dropout draws' key
         bh64 = bh.to(tl.int64)  # the head's base offsets in 64 bits (B H N D passes 2^31), its tiles' in 32
         Q, O, LSE = Q + bh64 * N * D, O + bh64 * N * DV, LSE + bh64 * N
         V, X, Y = V + bh64 * S * DV, X + bh64 * M * N, Y + bh64 * M * S
+        K = K + bh64 * (S * D if SHARED else M * S * D)
         start_m = tl.program_id(1) * BLOCK_M
         offs_m = start_m + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
-        n_q, n_v = offs_d < D, offs_dv < DV
-        q = tl.load(Q + offs_m[:, None] * D + offs_d[None, :], mask=(offs_m < N)[:, None] & n_q[None, :],
-                    other=0.0)
-        k_base = K + bh64 * (S * D if SHARED else M * S * D)
+        q = _tile(Q, offs_m, offs_d, D, N, D, EVEN_N, EVEN_D)
+        xs = _rows(X, offs_m, N, 0.0, M, EVEN_N)  # once per program
+        s2s = ()
+        for r in tl.static_range(M):
+            s2s = s2s + (tl.load(S2 + r),)
         m_i, l_i, acc = _softmax_state(BLOCK_M, BLOCK_DV)
-        hi = _key_end(start_m, BLOCK_M, N, S, CAUSAL)
-        for start_n in range(0, hi, BLOCK_N):
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            qk0 = q  # placeholder where the keys have their own products
-            if SHARED:
-                k = tl.load(k_base + offs_n[:, None] * D + offs_d[None, :], mask=(offs_n < S)[:, None] & n_q[None, :],
-                            other=0.0)
-                qk0 = _dot(q, tl.trans(k), PREC)
-            m_cur = m_i
-            p = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            lmax = tl.full([BLOCK_M, BLOCK_N], float("-inf"), tl.float32)
-            for r in tl.static_range(M):
-                score = _scores(q, k_base + r * stride_kr + offs_n[:, None] * D + offs_d[None, :], r, S2,
-                                X + r * N, Y + r * S, offs_m, offs_n, n_q, n_q, N, S, qk0,
-                                CAUSAL, SHARED, PREC)
-                if HARD:
-                    lmax = tl.maximum(lmax, score)
-                else:  # fold key r into the block's P, rescaled when it raises the row maximum
-                    m_new = tl.maximum(m_cur, tl.max(score, 1))
-                    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet: P stays 0
-                    p = p * tl.exp2(m_cur - m_use)[:, None] + tl.exp2(score - m_use[:, None])
-                    m_cur = m_new
-            if HARD:
-                m_cur = tl.maximum(m_i, tl.max(lmax, 1))
-                p = tl.exp2(lmax - tl.where(m_cur == float("-inf"), 0.0, m_cur)[:, None])
-            alpha = tl.exp2(m_i - tl.where(m_cur == float("-inf"), 0.0, m_cur))
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(V + offs_n[:, None] * DV + offs_dv[None, :],
-                        mask=(offs_n < S)[:, None] & n_v[None, :], other=0.0)
-            pv = p
-            if DROPOUT:  # a_ij dropped after the normalisation: Z sums the undropped P
-                pv = tl.where(_keep(SEED, bh, offs_m, offs_n, S, P_DROP), p / (1.0 - P_DROP), 0.0)
-            acc = acc * alpha[:, None] + _dot(pv.to(v.dtype), v, PREC)
-            m_i = m_cur
+        full, end = _key_blocks(start_m, N, S, CAUSAL, EVEN_S, BLOCK_M, BLOCK_N)
+        for start_n in range(0, full, BLOCK_N):  # no mask
+            m_i, l_i, acc = _fwd_step(q, xs, s2s, K, stride_kr, V, Y, start_n, offs_m, offs_d, offs_dv, m_i, l_i,
+                                      acc, N, S, D, DV, P_DROP, SEED, bh, DROPOUT, M, HARD, SHARED, False, True,
+                                      EVEN_D, PREC, BLOCK_N)
+        for start_n in range(full, end, BLOCK_N):  # the causal diagonal, the ragged end
+            m_i, l_i, acc = _fwd_step(q, xs, s2s, K, stride_kr, V, Y, start_n, offs_m, offs_d, offs_dv, m_i, l_i,
+                                      acc, N, S, D, DV, P_DROP, SEED, bh, DROPOUT, M, HARD, SHARED, CAUSAL, EVEN_S,
+                                      EVEN_D, PREC, BLOCK_N)
         seen = l_i > 0  # a row that sees no key: output 0, lse +inf (backward's weights all 0)
-        out = acc / tl.where(seen, l_i, 1.0)[:, None]
+        scale = tl.where(seen, 1.0 / tl.where(seen, l_i, 1.0), 0.0)
+        if DROPOUT:
+            scale = scale / (1.0 - P_DROP)
         lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("inf"))
-        tl.store(O + offs_m[:, None] * DV + offs_dv[None, :], out.to(O.dtype.element_ty),
-                 mask=(offs_m < N)[:, None] & n_v[None, :])
-        tl.store(LSE + offs_m, lse, mask=offs_m < N)
+        _put(O, offs_m, offs_dv, DV, N, DV, acc * scale[:, None], EVEN_N, EVEN_D)
+        if EVEN_N:
+            tl.store(LSE + offs_m, lse)
+        else:
+            tl.store(LSE + offs_m, lse, mask=offs_m < N)
 
     @triton.jit
-    def _bwd_dq_kernel(Q, K, V, X, Y, S2, DO, LSE, DELTA, DQ, DX, N, S, D, DV, stride_kr, P_DROP, SEED,
-                       DROPOUT: tl.constexpr, M: tl.constexpr, MP: tl.constexpr, HARD: tl.constexpr,
-                       CAUSAL: tl.constexpr,
-                       SHARED: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, WITH_DQ: tl.constexpr):
-        """dq_i = sum_r s_r sum_j dL_ijr k_jr and dx_ir = sum_j dL_ijr for one block of query rows. Without WITH_DQ
-        (and DELTA = 0) only the row sums: sum_r dx_ir is then delta_i = sum_jr a_ijr dO_i . v_j."""
+    def _dq_step(q, do, xls, delta, s2s, K, stride_kr, V, Y, start_n, offs_m, offs_d, offs_dv, dq, dxs, N, S, D,
+                 DV, P_DROP, SEED, bh, DROPOUT: tl.constexpr, M: tl.constexpr, HARD: tl.constexpr,
+                 SHARED: tl.constexpr, CAUSAL_MASK: tl.constexpr, EVEN_S: tl.constexpr, EVEN_D: tl.constexpr,
+                 PREC: tl.constexpr, BLOCK_N: tl.constexpr):
+        """One key block of dq_i = sum_jr s_r dL_ijr k_jr and dx_ir = sum_j dL_ijr."""
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        ks = _keys(K, stride_kr, offs_n, offs_d, S, D, M, SHARED, EVEN_S, EVEN_D)
+        ys = _rows(Y, offs_n, S, float("-inf"), M, EVEN_S)
+        ts = _terms(q, ks, ys, s2s, offs_m, offs_n, N, S, M, SHARED, CAUSAL_MASK, False, PREC)
+        dp = _dot(do, tl.trans(_tile(V, offs_n, offs_dv, DV, S, DV, EVEN_S, EVEN_D)), PREC)
+        if DROPOUT:  # d a_ij = mask_ij dO_i . v_j / (1 - p)
+            dp = tl.where(_keep(SEED, bh, offs_m, offs_n, S, P_DROP), dp * (1.0 / (1.0 - P_DROP)), 0.0)
+        _, dls = _weights(ts, xls, dp - delta[:, None], M, HARD)
+        g = dls[0] * s2s[0]  # sMGK: sum_r s_r dL_r against the one key (s2 = s log2 e: log2 e divided out after)
+        sums = ()
+        for r in tl.static_range(M):
+            sums = sums + (dxs[r] + tl.sum(dls[r], 1),)
+            if SHARED:
+                if r > 0:
+                    g += dls[r] * s2s[r]
+            elif HARD:
+                dq += _dot((dls[r] * s2s[r]).to(ks[r].dtype), ks[r], PREC)
+            else:  # soft MGK: dls already s2_r dL_r (log2 s2_r in xl_r); dx divided by s2_r at the end
+                dq += _dot(dls[r].to(ks[r].dtype), ks[r], PREC)
+        if SHARED:
+            dq += _dot(g.to(ks[0].dtype), ks[0], PREC)
+        return dq, sums
+
+    @triton.jit
+    def _bwd_dq_kernel(Q, K, V, X, Y, S2, DO, LSE, DELTA, DQ, DX, N, S, D, DV, P_DROP, SEED,
+                       DROPOUT: tl.constexpr, M: tl.constexpr, HARD: tl.constexpr, CAUSAL: tl.constexpr,
+                       SHARED: tl.constexpr, EVEN_N: tl.constexpr, EVEN_S: tl.constexpr, EVEN_D: tl.constexpr,
+                       PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                       BLOCK_DV: tl.constexpr):
+        """dq (the product term's) and dx (DX: (M, N) a head) for one block of query rows, over the key blocks."""
+        if EVEN_D:  # the row strides as constants: addresses with immediate offsets
+            D, DV = BLOCK_D, BLOCK_DV
+        stride_kr = S * D
         bh = tl.program_id(0)  # 32-bit: the dropout draws' key
         bh64 = bh.to(tl.int64)  # the head's base offsets in 64 bits (B H N D passes 2^31), its tiles' in 32
-        Q, DO, DQ, DX = Q + bh64 * N * D, DO + bh64 * N * DV, DQ + bh64 * N * D, DX + bh64 * N * M
+        Q, DO, DQ, DX = Q + bh64 * N * D, DO + bh64 * N * DV, DQ + bh64 * N * D, DX + bh64 * M * N
         V, X, Y, LSE, DELTA = V + bh64 * S * DV, X + bh64 * M * N, Y + bh64 * M * S, LSE + bh64 * N, DELTA + bh64 * N
+        K = K + bh64 * (S * D if SHARED else M * S * D)
         start_m = tl.program_id(1) * BLOCK_M
         offs_m = start_m + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
-        offs_r = tl.arange(0, MP)
-        n_q, n_v, rows = offs_d < D, offs_dv < DV, offs_m < N
-        q = tl.load(Q + offs_m[:, None] * D + offs_d[None, :], mask=rows[:, None] & n_q[None, :],
-                    other=0.0)
-        do = tl.load(DO + offs_m[:, None] * DV + offs_dv[None, :], mask=rows[:, None] & n_v[None, :],
-                     other=0.0)
-        lse = tl.load(LSE + offs_m, mask=rows, other=float("inf"))
-        delta = tl.load(DELTA + offs_m, mask=rows, other=0.0)
-        k_base = K + bh64 * (S * D if SHARED else M * S * D)
+        q = _tile(Q, offs_m, offs_d, D, N, D, EVEN_N, EVEN_D)
+        do = _tile(DO, offs_m, offs_dv, DV, N, DV, EVEN_N, EVEN_D)
+        lse = tl.load(LSE + offs_m) if EVEN_N else tl.load(LSE + offs_m, mask=offs_m < N, other=float("inf"))
+        delta = tl.load(DELTA + offs_m) if EVEN_N else tl.load(DELTA + offs_m, mask=offs_m < N, other=0.0)
+        xs = _rows(X, offs_m, N, 0.0, M, EVEN_N)
+        xls = ()
+        s2s = ()
+        dxs = ()
+        for r in tl.static_range(M):
+            s2s = s2s + (tl.load(S2 + r),)
+            if SHARED or HARD:
+                xls = xls + ((xs[r] - lse)[:, None],)
+            else:  # soft MGK: the weights come out as s2_r a_r, the operand of key r's product
+                xls = xls + ((xs[r] - lse + tl.log2(s2s[r]))[:, None],)
+            dxs = dxs + (tl.zeros([BLOCK_M], tl.float32),)
         dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        dx = tl.zeros([BLOCK_M, MP], tl.float32)  # column r: the row sums of dL_r
-        hi = _key_end(start_m, BLOCK_M, N, S, CAUSAL)
-        for start_n in range(0, hi, BLOCK_N):
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            v = tl.load(V + offs_n[:, None] * DV + offs_dv[None, :],
-                        mask=(offs_n < S)[:, None] & n_v[None, :], other=0.0)
-            dp = _dot(do, tl.trans(v), PREC)
-            if DROPOUT:  # d a_ij = mask_ij dO_i . v_j / (1 - p)
-                dp = tl.where(_keep(SEED, bh, offs_m, offs_n, S, P_DROP), dp / (1.0 - P_DROP), 0.0)
-            ds = dp - delta[:, None]
-            qk0 = q
-            k_shared = q
-            if SHARED:
-                k_shared = tl.load(k_base + offs_n[:, None] * D + offs_d[None, :],
-                                   mask=(offs_n < S)[:, None] & n_q[None, :], other=0.0)
-                qk0 = _dot(q, tl.trans(k_shared), PREC)
-            lmax = tl.full([BLOCK_M, BLOCK_N], float("-inf"), tl.float32)
-            count = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            if HARD:  # the largest term and how many keys tie for it
-                for r in tl.static_range(M):
-                    score = _scores(q, k_base + r * stride_kr + offs_n[:, None] * D + offs_d[None, :], r, S2,
-                                    X + r * N, Y + r * S, offs_m, offs_n, n_q, n_q, N, S, qk0,
-                                    CAUSAL, SHARED, PREC)
-                    count = tl.where(score > lmax, 1.0, tl.where(score == lmax, count + 1.0, count))
-                    lmax = tl.maximum(lmax, score)
-                ds = ds * tl.exp2(lmax - lse[:, None]) / count
-            dg = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)  # sMGK: sum_r s_r dL_r
-            for r in tl.static_range(M):
-                score = _scores(q, k_base + r * stride_kr + offs_n[:, None] * D + offs_d[None, :], r, S2,
-                                X + r * N, Y + r * S, offs_m, offs_n, n_q, n_q, N, S, qk0,
-                                CAUSAL, SHARED, PREC)
-                if HARD:
-                    dl = tl.where(score == lmax, ds, 0.0)
-                else:
-                    dl = tl.exp2(score - lse[:, None]) * ds
-                dl = tl.where(score == float("-inf"), 0.0, dl)  # hidden pairs (ties of -inf in the hard count)
-                dx += tl.where(offs_r[None, :] == r, tl.sum(dl, 1)[:, None], 0.0)
-                if WITH_DQ:
-                    s = tl.load(S2 + r) / 1.4426950408889634
-                    if SHARED:
-                        dg += dl * s
-                    else:
-                        k = tl.load(k_base + r * stride_kr + offs_n[:, None] * D + offs_d[None, :],
-                                    mask=(offs_n < S)[:, None] & n_q[None, :], other=0.0)
-                        dq += _dot((dl * s).to(k.dtype), k, PREC)
-            if SHARED and WITH_DQ:
-                dq += _dot(dg.to(k_shared.dtype), k_shared, PREC)
-        if WITH_DQ:
-            tl.store(DQ + offs_m[:, None] * D + offs_d[None, :], dq, mask=rows[:, None] & n_q[None, :])
-        tl.store(DX + offs_m[:, None] * M + offs_r[None, :], dx,
-                 mask=rows[:, None] & (offs_r < M)[None, :])
+        full, end = _key_blocks(start_m, N, S, CAUSAL, EVEN_S, BLOCK_M, BLOCK_N)
+        for start_n in range(0, full, BLOCK_N):  # no mask
+            dq, dxs = _dq_step(q, do, xls, delta, s2s, K, stride_kr, V, Y, start_n, offs_m, offs_d, offs_dv, dq, dxs,
+                               N, S, D, DV, P_DROP, SEED, bh, DROPOUT, M, HARD, SHARED, False, True, EVEN_D, PREC,
+                               BLOCK_N)
+        for start_n in range(full, end, BLOCK_N):  # the causal diagonal, the ragged end
+            dq, dxs = _dq_step(q, do, xls, delta, s2s, K, stride_kr, V, Y, start_n, offs_m, offs_d, offs_dv, dq, dxs,
+                               N, S, D, DV, P_DROP, SEED, bh, DROPOUT, M, HARD, SHARED, CAUSAL, EVEN_S, EVEN_D,
+                               PREC, BLOCK_N)
+        _put(DQ, offs_m, offs_d, D, N, D, dq / 1.4426950408889634, EVEN_N, EVEN_D)
+        for r in tl.static_range(M):
+            dx = dxs[r] if SHARED or HARD else dxs[r] / s2s[r]
+            if EVEN_N:
+                tl.store(DX + r * N + offs_m, dx)
+            else:
+                tl.store(DX + r * N + offs_m, dx, mask=offs_m < N)
 
     @triton.jit
-    def _bwd_dkv_kernel(Q, K, V, X, Y, S2, DO, LSE, DELTA, DK, DV_OUT, DY, N, S, D, DV, stride_kr, P_DROP, SEED,
+    def _dkv_step(ks, v, ys, s2s, Q, DO, X, LSE, DELTA, start_m, offs_n, offs_d, offs_dv, dks, dv, dys, N, S, D, DV,
+                  P_DROP, SEED, bh, DROPOUT: tl.constexpr, M: tl.constexpr, HARD: tl.constexpr,
+                  SHARED: tl.constexpr, CAUSAL_MASK: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
+                  PREC: tl.constexpr, BLOCK_M: tl.constexpr):
+        """One block of query rows of dk_jr = s_r sum_i dL_ijr q_i, dy_jr = sum_i dL_ijr and dv_j = sum_i A_ij dO_i,
+        key-major (the tiles are (keys, rows)): every key r of the block in one program."""
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q = _tile(Q, offs_m, offs_d, D, N, D, EVEN_N, EVEN_D)
+        do = _tile(DO, offs_m, offs_dv, DV, N, DV, EVEN_N, EVEN_D)
+        lse = tl.load(LSE + offs_m) if EVEN_N else tl.load(LSE + offs_m, mask=offs_m < N, other=float("inf"))
+        delta = tl.load(DELTA + offs_m) if EVEN_N else tl.load(DELTA + offs_m, mask=offs_m < N, other=0.0)
+        xs = _rows(X, offs_m, N, 0.0, M, EVEN_N)
+        xls = ()
+        for r in tl.static_range(M):
+            xls = xls + ((xs[r] - lse)[None, :],)
+        ts = _terms(q, ks, ys, s2s, offs_m, offs_n, N, S, M, SHARED, CAUSAL_MASK, True, PREC)
+        dp = _dot(v, tl.trans(do), PREC)
+        if DROPOUT:  # the forward's draw of (i, j), transposed
+            keep = tl.rand(SEED + bh, offs_m[None, :] * S + offs_n[:, None]) >= P_DROP
+            dp = tl.where(keep, dp * (1.0 / (1.0 - P_DROP)), 0.0)
+        A, dls = _weights(ts, xls, dp - delta[None, :], M, HARD)
+        if DROPOUT:  # 1 / (1 - p) at the end
+            A = tl.where(keep, A, 0.0)
+        dv += _dot(A.to(do.dtype), do, PREC)
+        g = dls[0] * s2s[0]  # sMGK: sum_r s_r dL_r against q
+        sums = ()
+        grads = ()
+        for r in tl.static_range(M):
+            sums = sums + (dys[r] + tl.sum(dls[r], 1),)
+            if SHARED:
+                if r > 0:
+                    g += dls[r] * s2s[r]
+            else:  # s_r applied at the end
+                grads = grads + (dks[r] + _dot(dls[r].to(q.dtype), q, PREC),)
+        if SHARED:
+            grads = (dks[0] + _dot(g.to(q.dtype), q, PREC),)
+        return grads, dv, sums
+
+    @triton.jit
+    def _bwd_dkv_kernel(Q, K, V, X, Y, S2, DO, LSE, DELTA, DK, DV_OUT, DY, N, S, D, DV, P_DROP, SEED,
                         DROPOUT: tl.constexpr, M: tl.constexpr, HARD: tl.constexpr, CAUSAL: tl.constexpr,
-                        SHARED: tl.constexpr,
+                        SHARED: tl.constexpr, EVEN_N: tl.constexpr, EVEN_S: tl.constexpr, EVEN_D: tl.constexpr,
                         PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                         BLOCK_DV: tl.constexpr):
-        """For key r of one block of keys: s_r sum_i dL_ijr q_i (DK[r]), dy_jr = sum_i dL_ijr, and the share of
-        dv_j that key r's weights give, sum_i a_ijr dO_i (DV_OUT[r]; the shares sum to dv over r)."""
+        """dk (DK: the M keys', or sMGK the one key's), dv and dy (DY: (M, S) a head) for one block of keys, over
+        the blocks of query rows: the causal diagonal's first (masked), then the rest."""
+        if EVEN_D:  # the row strides as constants: addresses with immediate offsets
+            D, DV = BLOCK_D, BLOCK_DV
+        stride_kr = S * D
         bh = tl.program_id(0)  # 32-bit: the dropout draws' key
-        start_n = tl.program_id(1) * BLOCK_N
-        r_own = tl.program_id(2)
         bh64 = bh.to(tl.int64)  # the head's base offsets in 64 bits (B H N D passes 2^31), its tiles' in 32
         Q, DO, LSE, DELTA = Q + bh64 * N * D, DO + bh64 * N * DV, LSE + bh64 * N, DELTA + bh64 * N
-        V, X, Y, DY = V + bh64 * S * DV, X + bh64 * M * N, Y + bh64 * M * S, DY + (bh64 * M + r_own) * S
-        part = r_own.to(tl.int64) * tl.num_programs(0) + bh64  # DK and DV_OUT: (M, BH, S, D)
-        DK, DV_OUT = DK + part * S * D, DV_OUT + part * S * DV
+        V, X, Y, DY = V + bh64 * S * DV, X + bh64 * M * N, Y + bh64 * M * S, DY + bh64 * M * S
+        K = K + bh64 * (S * D if SHARED else M * S * D)
+        DK, DV_OUT = DK + bh64 * (S * D if SHARED else M * S * D), DV_OUT + bh64 * S * DV
+        start_n = tl.program_id(1) * BLOCK_N
         offs_n = start_n + tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
-        n_q, n_v, cols = offs_d < D, offs_dv < DV, offs_n < S
-        k_base = K + bh64 * (S * D if SHARED else M * S * D)
-        v = tl.load(V + offs_n[:, None] * DV + offs_dv[None, :], mask=cols[:, None] & n_v[None, :],
-                    other=0.0)
-        k_shared = tl.load(k_base + offs_n[:, None] * D + offs_d[None, :], mask=cols[:, None] & n_q[None, :],
-                           other=0.0)
-        s_own = tl.load(S2 + r_own) / 1.4426950408889634
-        dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        ks = _keys(K, stride_kr, offs_n, offs_d, S, D, M, SHARED, EVEN_S, EVEN_D)  # once per program
+        v = _tile(V, offs_n, offs_dv, DV, S, DV, EVEN_S, EVEN_D)
+        ys = _rows(Y, offs_n, S, float("-inf"), M, EVEN_S)
+        s2s = ()
+        dys = ()
+        dks = ()
+        for r in tl.static_range(M):
+            s2s = s2s + (tl.load(S2 + r),)
+            dys = dys + (tl.zeros([BLOCK_N], tl.float32),)
+            if r == 0 or not SHARED:
+                dks = dks + (tl.zeros([BLOCK_N, BLOCK_D], tl.float32),)
         dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
-        dy = tl.zeros([BLOCK_N], tl.float32)
-        lo = _query_start(start_n, BLOCK_M, N, S, CAUSAL)
-        for start_m in range(lo, N, BLOCK_M):
-            offs_m = start_m + tl.arange(0, BLOCK_M)
-            rows = offs_m < N
-            q = tl.load(Q + offs_m[:, None] * D + offs_d[None, :], mask=rows[:, None] & n_q[None, :],
-                        other=0.0)
-            do = tl.load(DO + offs_m[:, None] * DV + offs_dv[None, :],
-                         mask=rows[:, None] & n_v[None, :], other=0.0)
-            lse = tl.load(LSE + offs_m, mask=rows, other=float("inf"))
-            delta = tl.load(DELTA + offs_m, mask=rows, other=0.0)
-            qk0 = q
-            if SHARED:
-                qk0 = _dot(q, tl.trans(k_shared), PREC)
-            lmax = tl.full([BLOCK_M, BLOCK_N], float("-inf"), tl.float32)
-            count = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            own = tl.full([BLOCK_M, BLOCK_N], float("-inf"), tl.float32)
-            for r in tl.static_range(M):
-                if HARD or M == 1:
-                    score = _scores(q, k_base + r * stride_kr + offs_n[:, None] * D + offs_d[None, :], r, S2,
-                                    X + r * N, Y + r * S, offs_m, offs_n, n_q, n_q, N, S,
-                                    qk0, CAUSAL, SHARED, PREC)
-                    count = tl.where(score > lmax, 1.0, tl.where(score == lmax, count + 1.0, count))
-                    lmax = tl.maximum(lmax, score)
-                    own = tl.where(r_own == r, score, own)
-            if not HARD and M > 1:  # the soft weights of key r need its own term only
-                own = _scores(q, k_base + r_own * stride_kr + offs_n[:, None] * D + offs_d[None, :], r_own, S2,
-                              X + r_own * N, Y + r_own * S, offs_m, offs_n, n_q, n_q, N, S,
-                              qk0, CAUSAL, SHARED, PREC)
-            if HARD:  # key r's share of a_ij: a_ij / count where it has the largest term
-                a = tl.where(own == lmax, tl.exp2(lmax - lse[:, None]) / count, 0.0)
+        start, full = 0, 0
+        if CAUSAL:  # query i sees key j from i = j - (S - N) on: every row of a block from `full` on sees them all
+            start = _query_start(start_n, BLOCK_M, N, S, CAUSAL)
+            full = (tl.maximum(start_n + BLOCK_N - 1 - (S - N), 0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+        for start_m in range(start, tl.minimum(full, N), BLOCK_M):  # the causal diagonal, masked
+            dks, dv, dys = _dkv_step(ks, v, ys, s2s, Q, DO, X, LSE, DELTA, start_m, offs_n, offs_d, offs_dv, dks, dv,
+                                     dys, N, S, D, DV, P_DROP, SEED, bh, DROPOUT, M, HARD, SHARED, CAUSAL, EVEN_N,
+                                     EVEN_D, PREC, BLOCK_M)
+        for start_m in range(full, N, BLOCK_M):  # no causal mask
+            dks, dv, dys = _dkv_step(ks, v, ys, s2s, Q, DO, X, LSE, DELTA, start_m, offs_n, offs_d, offs_dv, dks, dv,
+                                     dys, N, S, D, DV, P_DROP, SEED, bh, DROPOUT, M, HARD, SHARED, False, EVEN_N,
+                                     EVEN_D, PREC, BLOCK_M)
+        if DROPOUT:
+            dv = dv * (1.0 / (1.0 - P_DROP))
+        _put(DV_OUT, offs_n, offs_dv, DV, S, DV, dv, EVEN_S, EVEN_D)
+        for r in tl.static_range(M):
+            if r == 0 or not SHARED:  # s_r (s2 = s log2 e: log2 e divided out), sMGK's already in
+                scale = 1.0 / 1.4426950408889634 if SHARED else s2s[r] / 1.4426950408889634
+                _put(DK + r * S * D, offs_n, offs_d, D, S, D, dks[r] * scale, EVEN_S, EVEN_D)
+            if EVEN_S:
+                tl.store(DY + r * S + offs_n, dys[r])
             else:
-                a = tl.exp2(own - lse[:, None])
-            a = tl.where(own == float("-inf"), 0.0, a)
-            dp = _dot(do, tl.trans(v), PREC)
-            if DROPOUT:
-                keep = _keep(SEED, bh, offs_m, offs_n, S, P_DROP)
-                dv += _dot(tl.trans(tl.where(keep, a / (1.0 - P_DROP), 0.0)).to(do.dtype), do, PREC)
-                dp = tl.where(keep, dp / (1.0 - P_DROP), 0.0)
-            else:
-                dv += _dot(tl.trans(a).to(do.dtype), do, PREC)
-            dl = a * (dp - delta[:, None])
-            dy += tl.sum(dl, 0)
-            dk += _dot(tl.trans(dl * s_own).to(q.dtype), q, PREC)
-        tl.store(DK + offs_n[:, None] * D + offs_d[None, :], dk,
-                 mask=cols[:, None] & n_q[None, :])
-        tl.store(DV_OUT + offs_n[:, None] * DV + offs_dv[None, :], dv,
-                 mask=cols[:, None] & n_v[None, :])
-        tl.store(DY + offs_n, dy, mask=cols)
+                tl.store(DY + r * S + offs_n, dys[r], mask=offs_n < S)
 
 
 class _TritonMGK(torch.autograd.Function):
@@ -307,58 +488,59 @@ class _TritonMGK(torch.autograd.Function):
     def forward(ctx, q, k, v, x, y, inv_var, hard, causal, shared, dropout_p, seed):
         bh, n, d = q.shape
         s, dv, m = v.shape[1], v.shape[2], x.shape[1]
-        block_m, block_n = block_sizes(q.device.type, d, dv, q.dtype, shared_memory(q.device))
+        block_m, block_n = block_sizes(q.device.type, d, dv, q.dtype)
         s2 = torch.tensor(inv_var, dtype=torch.float32, device=q.device) * LOG2E
         x2, y2 = (x * LOG2E).contiguous(), (y * LOG2E).contiguous()
-        out = torch.empty(bh, n, dv, dtype=q.dtype, device=q.device)
+        # the output in float32 (returned in q's dtype): backward's delta_i = dO_i . h_i from it
+        out = torch.empty(bh, n, dv, dtype=torch.float32, device=q.device)
         lse = torch.empty(bh, n, dtype=torch.float32, device=q.device)
-        consts = _constants(q, d, dv, m, hard, causal, shared, block_m, block_n, dropout_p)
-        stride_kr = 0 if shared else s * d
-        _fwd_kernel[(bh, triton.cdiv(n, block_m))](q, k, v, x2, y2, s2, out, lse, n, s, d, dv, stride_kr, dropout_p,
-                                                   seed, **consts)
-        ctx.save_for_backward(q, k, v, x2, y2, s2, lse)
-        ctx.shape = (bh, n, s, d, dv, m, stride_kr, block_m, block_n, dropout_p, seed)
+        consts = _constants(q, n, s, d, dv, m, hard, causal, shared, block_m, block_n, dropout_p)
+        _fwd_kernel[(bh, triton.cdiv(n, block_m))](q, k, v, x2, y2, s2, out, lse, n, s, d, dv, dropout_p, seed,
+                                                   **consts, **launch_options(block_m, block_n, q.device.type,
+                                                                              "_fwd_kernel"))
+        ctx.save_for_backward(q, k, v, x2, y2, s2, out, lse)
+        ctx.shape = (bh, n, s, d, dv, m, block_m, block_n, dropout_p, seed)
         ctx.consts = consts
-        return out
+        return out.to(q.dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
-        q, k, v, x2, y2, s2, lse = ctx.saved_tensors
-        bh, n, s, d, dv, m, stride_kr, block_m, block_n, dropout_p, seed = ctx.shape
+        q, k, v, x2, y2, s2, out, lse = ctx.saved_tensors
+        bh, n, s, d, dv, m, block_m, block_n, dropout_p, seed = ctx.shape
         dout = dout.contiguous()
         dq = torch.empty(bh, n, d, dtype=torch.float32, device=q.device)
-        dx = torch.empty(bh, n, m, dtype=torch.float32, device=q.device)
-        dk = torch.empty(m, bh, s, d, dtype=torch.float32, device=q.device)
-        dv_parts = torch.empty(m, bh, s, dv, dtype=torch.float32, device=q.device)
+        dx = torch.empty(bh, m, n, dtype=torch.float32, device=q.device)
+        dk = torch.empty(k.shape, dtype=torch.float32, device=q.device)
+        dvv = torch.empty(bh, s, dv, dtype=torch.float32, device=q.device)
         dy = torch.empty(bh, m, s, dtype=torch.float32, device=q.device)
         consts = ctx.consts
-        grid_q = (bh, triton.cdiv(n, block_m))
-        # delta_i = dO_i . h_i, from the weights backward recomputes (one more pass over the keys), not from the
-        # stored output: the row sums sum_jr dL_ijr must vanish as they do exactly, since the |q|^2 / 2 terms of
-        # x make dq = s (sum_j dL k - q sum_j dL) a difference; dO . h with h rounded (a half-precision output, or
-        # P rounded for the product with V) leaves sum_j dL ~ eps |delta| per row, which that difference and
-        # the prior's gradient (a sum of cancelling terms) amplify (measured in bfloat16: 3x the dense path's
-        # error in dq, and 10x in the prior's gradient).
-        zero = torch.zeros(bh, n, dtype=torch.float32, device=q.device)
-        _bwd_dq_kernel[grid_q](q, k, v, x2, y2, s2, dout, lse, zero, dq, dx, n, s, d, dv, stride_kr, dropout_p, seed,
-                               MP=triton.next_power_of_2(m), WITH_DQ=False, **consts)
-        delta = dx.sum(-1).contiguous()
-        _bwd_dq_kernel[grid_q](q, k, v, x2, y2, s2, dout, lse, delta, dq, dx, n, s, d, dv, stride_kr, dropout_p,
-                               seed, MP=triton.next_power_of_2(m), WITH_DQ=True, **consts)
-        _bwd_dkv_kernel[(bh, triton.cdiv(s, block_n), m)](q, k, v, x2, y2, s2, dout, lse, delta, dk, dv_parts, dy,
-                                                          n, s, d, dv, stride_kr, dropout_p, seed, **consts)
-        shared = consts["SHARED"]
-        dk = dk.sum(0) if shared else dk.transpose(0, 1)
-        return (dq.to(q.dtype), dk.to(k.dtype), dv_parts.sum(0).to(v.dtype), dx.transpose(1, 2), dy,
-                None, None, None, None, None, None)
+        # delta_i = dO_i . h_i = sum_jr a_ijr dO_i . v_j from the float32 output. The row sums sum_jr dL_ijr must
+        # vanish as they do exactly: the |q|^2 / 2 terms of x make dq = s (sum_j dL k - q sum_j dL) a difference,
+        # and the prior's gradient is a sum of cancelling terms, both of which amplify a rounded delta (an output
+        # rounded to bfloat16 gave 3x the dense path's error in dq, 10x in the prior's gradient). The float32
+        # output keeps only the rounding of P for its product with V: P in one bfloat16 part failed the prior's
+        # gradient by 4x its tolerance, P = hi + lo (the forward's two products) passes with the old margins.
+        delta = (dout.float() * out).sum(-1)
+        args = (n, s, d, dv, dropout_p, seed)
+        _bwd_dq_kernel[(bh, triton.cdiv(n, block_m))](q, k, v, x2, y2, s2, dout, lse, delta, dq, dx, *args, **consts,
+                                                      **launch_options(block_m, block_n, q.device.type,
+                                                                       "_bwd_dq_kernel"))
+        # dK / dV key-major: its tiles (keys, rows) take the blocks the other way round (block_m keys a program)
+        consts = _constants(q, n, s, d, dv, m, consts["HARD"], consts["CAUSAL"], consts["SHARED"], block_n, block_m,
+                            dropout_p)
+        _bwd_dkv_kernel[(bh, triton.cdiv(s, block_m))](q, k, v, x2, y2, s2, dout, lse, delta, dk, dvv, dy, *args,
+                                                       **consts, **launch_options(block_m, block_n, q.device.type,
+                                                                                  "_bwd_dkv_kernel"))
+        return (dq.to(q.dtype), dk.to(k.dtype), dvv.to(v.dtype), dx, dy, None, None, None, None, None, None)
 
 
-def _constants(q, d, dv, m, hard, causal, shared, block_m, block_n, dropout_p):
-    return dict(DROPOUT=dropout_p > 0, M=m, HARD=hard, CAUSAL=causal, SHARED=shared,
-                PREC=precision(q.dtype, q.device.type), BLOCK_M=block_m,
-                BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
-                BLOCK_DV=max(16, triton.next_power_of_2(dv)))
+def _constants(q, n, s, d, dv, m, hard, causal, shared, block_m, block_n, dropout_p):
+    block_d, block_dv = max(16, triton.next_power_of_2(d)), max(16, triton.next_power_of_2(dv))
+    return dict(DROPOUT=dropout_p > 0, M=m, HARD=hard, CAUSAL=causal, SHARED=shared, EVEN_N=n % block_m == 0,
+                EVEN_S=s % block_n == 0, EVEN_D=d == block_d and dv == block_dv,
+                PREC=precision(q.dtype, q.device.type), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+                BLOCK_DV=block_dv)
 
 
 def mgk_triton(query, keys, key_shift, value, variances, log_prior, e_step, attention_mask, is_causal,

@@ -156,12 +156,12 @@ def signature(fn, constants, dtype, half):
             else "*" + (dtype if a in half else "fp32") for a in fn.arg_names}
 
 
-def launch(fn, constants, dtype, pairs, per_pair, half=HALF_KERNELS, name=None):
-    """One kernel launch of a pass: what compiles it (kernel, signature, constants, options) and how its main loop
-    counts (pairs: (query, key) pairs x heads one iteration covers; per_pair: the times a pass runs that loop per
-    pair and softmax head)."""
+def launch(fn, constants, dtype, pairs, per_pair, half=HALF_KERNELS, name=None, options=None):
+    """One kernel launch of a pass: what compiles it (kernel, signature, constants, options: the launch's
+    num_warps / num_stages, by default WARPS / STAGES) and how its main loop counts (pairs: (query, key) pairs x
+    heads one iteration covers; per_pair: the times a pass runs that loop per pair and softmax head)."""
     return SimpleNamespace(kernel=fn, name=name or fn.__name__, signature=signature(fn, constants, dtype, half),
-                           constants=dict(constants), options=dict(num_warps=WARPS, num_stages=STAGES),
+                           constants=dict(constants), options=dict(options or dict(num_warps=WARPS, num_stages=STAGES)),
                            pairs=pairs, per_pair=per_pair)
 
 
@@ -187,18 +187,22 @@ def launches(path, direction, target=90, dtype="bf16", head_size=64, blocks=None
         return [launch(softmax_bwd_dkdv, fa, dtype, bm * bn, 1.0, HALF),
                 launch(softmax_bwd_dq, fa, dtype, bm * bn, 1.0, HALF)]
     if "mgk" in path:
-        # one program per (batch x MGK head, query block) / (batch x head, key block, key r); MGK runs H / 2 heads
-        # against softmax's H: 0.5 per softmax head, and its dK / dV loop once per key r: 0.5 M
-        bm, bn = blocks or amt.block_sizes("cuda", head_size, head_size, torch_dtype, shared)
+        # one program per (batch x MGK head, query block): forward and dQ; per (batch x MGK head, key block), every
+        # key r in it: dK / dV. MGK runs H / 2 heads against softmax's H: 0.5 per softmax head, each launch. Lengths
+        # a multiple of the blocks and head size = value size = a power of two (EVEN_*), as at the tables' shapes
+        bm, bn = blocks or amt.block_sizes("cuda", head_size, head_size, torch_dtype)
         base = dict(DROPOUT=False, M=GLOBAL_HEADS, HARD=path.endswith("hard"), CAUSAL=False,
-                    SHARED=path.startswith("smgk"), PREC=precision(torch_dtype, "cuda"), BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DV=bd)
+                    SHARED=path.startswith("smgk"), EVEN_N=True, EVEN_S=True, EVEN_D=head_size == bd,
+                    PREC=precision(torch_dtype, "cuda"),
+                    BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DV=bd)
+        opts = {fn: amt.launch_options(bm, bn, "cuda", fn.__name__)
+                for fn in (amt._fwd_kernel, amt._bwd_dq_kernel, amt._bwd_dkv_kernel)}
         if direction == "forward":
-            return [launch(amt._fwd_kernel, base, dtype, bm * bn, 0.5)]
-        mp = triton.next_power_of_2(GLOBAL_HEADS)
-        return [launch(amt._bwd_dq_kernel, {**base, "MP": mp, "WITH_DQ": False}, dtype, bm * bn, 0.5,
-                       name="_bwd_dq_kernel (delta)"),
-                launch(amt._bwd_dq_kernel, {**base, "MP": mp, "WITH_DQ": True}, dtype, bm * bn, 0.5),
-                launch(amt._bwd_dkv_kernel, base, dtype, bm * bn, 0.5 * GLOBAL_HEADS)]
+            return [launch(amt._fwd_kernel, base, dtype, bm * bn, 0.5, options=opts[amt._fwd_kernel])]
+        # dK / dV: key-major tiles, the blocks the other way round (bm keys x bn rows)
+        return [launch(amt._bwd_dq_kernel, base, dtype, bm * bn, 0.5, options=opts[amt._bwd_dq_kernel]),
+                launch(amt._bwd_dkv_kernel, dict(base, BLOCK_M=bn, BLOCK_N=bm), dtype, bm * bn, 0.5,
+                       options=opts[amt._bwd_dkv_kernel])]
     # FiSH: forward per (batch x local head, query block) over key blocks; dQ per (batch, query block) over the H
     # local heads and, for each, the key blocks; dK / dV per (batch, key block) over the heads and the query blocks.
     # Each inner iteration covers one local head's block of pairs, once per pass: 1.0 per pair and local head, and
