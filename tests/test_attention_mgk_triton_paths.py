@@ -85,7 +85,7 @@ def test_the_gpu_launches_compile_without_spills():
     done = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [line.split() for line in done.stdout.splitlines() if line.startswith("_")]
-    assert len(rows) == 48, done.stdout[-2000:]
+    assert len(rows) == 44, done.stdout[-2000:]  # 4 paths x 2 M x 2 masks x 3 launches, hard sMGK's backward one
     for name, path, m, masks, warps, cap, regs, local in rows:
         assert warps == "8" and cap != "None" and int(regs) <= int(cap), (name, path, m, masks, cap, regs)
         assert local == "0", (name, path, m, masks, local)  # no spills

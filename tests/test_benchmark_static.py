@@ -41,11 +41,13 @@ def test_per_pair_weights_and_the_launches_of_a_pass():
     # MGK: H / 2 heads against softmax's H; backward: dQ, then dK / dV (every key r in one program, key-major:
     # the blocks the other way round)
     assert [ln.per_pair for ln in static.launches("mgk soft", "forward")] == [0.5]
-    back = static.launches("smgk hard", "backward")
+    back = static.launches("mgk hard", "backward")
     assert [ln.per_pair for ln in back] == [0.5, 0.5]
     assert [ln.name for ln in back] == ["_bwd_dq_kernel", "_bwd_dkv_kernel"]
     assert (back[1].constants["BLOCK_M"], back[1].constants["BLOCK_N"]) == (back[0].constants["BLOCK_N"],
                                                                            back[0].constants["BLOCK_M"])
+    # hard sMGK: one pass, the dK / dV programs adding dq and dx
+    assert [ln.name for ln in static.launches("smgk hard", "backward")] == ["_bwd_dkv_kernel"]
     # FiSH: one local head's block of pairs an iteration, once per pass
     assert [ln.per_pair for ln in static.launches("gfish", "backward")] == [1.0, 1.0]
     assert [len(static.launches("softmax", d)) for d in ("forward", "backward")] == [1, 2]

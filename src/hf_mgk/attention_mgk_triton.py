@@ -18,24 +18,20 @@ the shifts and the prior. Padded keys get y = -inf. Then, with P_ij = sum_r exp(
 
 Forward: one program per (batch x head, block of query rows), one pass over the key blocks with an online row
 maximum m_i: a block's M tiles t_r = s_r q.k_r + y_r first, the row maximum of every t_r + x_r (x_r is one number a
-row), then one rescale; exp2 with log2(e) folded into s, x and y. x is loaded once a program, y once a key block.
-Masks only where needed: the causal `where` on the blocks the diagonal crosses (bottom-right aligned, any N, S),
-bounds masks on loads only where a length is not a multiple of its block (EVEN_N / EVEN_S / EVEN_D). Saved for
-backward: lse_i = m_i + log2 sum_j P_ij (log2 units; +inf for a row that sees no key, whose output is 0, so that
-every recomputed weight of it is 0) and the output in float32, its P split into two half-precision parts
-(hi + lo, ~16 bits) for the products with V, so that delta_i = dO_i . h_i holds to float32's rounding.
-Backward recomputes the weights a_ijr = exp2(L_ijr - lse_i) from q and k (nothing N x S is kept): with delta_i from
-the float32 output, dL_ijr = a_ijr (dO_i . v_j - delta_i) (hard: a_ij split between the keys with the largest
-term, ties equally as torch.amax's backward, from the M tiles kept). Two passes: dQ and dx per query block over
-the key blocks; dK, dV and dy per key block over the query blocks, key-major, every key r of the block in one
-program (dV from one product with sum_r a_ijr).
-Dropout (on a_ij, as F.dropout on the weights): the mask of each (batch x head, query, key) is a counter-based draw,
-tl.rand(seed + batch x head, i S + j), from one seed drawn from torch's generator per call, so that the forward
-and the backward kernels regenerate the same mask with nothing stored, and a seeded run repeats.
-
-Torch, and Triton where it is installed (this file travels next to remote-code model files: the import is guarded,
-and without Triton the other backends run). On CPU tensors the kernels run in Triton's interpreter when
-TRITON_INTERPRET=1 was set before triton was imported.
+row), then one rescale; exp2 with log2(e) folded into s, x and y. Masks only where needed: the causal `where` on
+the blocks the diagonal crosses (bottom-right aligned), bounds masks only where a length is not a multiple of its
+block (EVEN_N / EVEN_S / EVEN_D). Saved: lse_i = m_i + log2 sum_j P_ij (log2 units; +inf for a row that sees no
+key, whose output is 0) and the output in float32 (soft: its P split into two half-precision parts for the
+products with V, so that delta_i = dO_i . h_i holds to ~16 bits; see backward).
+Backward recomputes a_ijr = exp2(L_ijr - lse_i) from q and k: dL_ijr = a_ijr (dO_i . v_j - delta_i) (hard: a_ij
+split between the keys with the largest term, ties equally as torch.amax's backward). dK, dV and dy per key block
+over the query blocks, key-major, every key r of the block in one program (dV from one product with sum_r a_ijr);
+dQ and dx per query block over the key blocks in a second pass, or (hard sMGK) added by the dK / dV programs.
+Dropout (on a_ij, as F.dropout on the weights): a counter-based draw per (batch x head, query, key),
+tl.rand(seed + batch x head, i S + j), one seed from torch's generator per call: forward and backward regenerate
+the same mask with nothing stored, and a seeded run repeats.
+Torch, and Triton where it is installed (this file travels next to remote-code model files: the import is guarded);
+on CPU tensors the kernels run in Triton's interpreter when TRITON_INTERPRET=1 was set before triton's import.
 """
 
 import math
@@ -57,12 +53,9 @@ __all__ = ["MAX_HEAD_SIZE", "available", "block_sizes", "launch_options", "mgk_t
 
 def block_sizes(device_type, head_size, value_size, dtype=None):
     """(BLOCK_M query rows, BLOCK_N keys) of a program (the dK / dV kernel takes them the other way round): the
-    interpreter's small tiles (the tests' short sequences still span several blocks), a GPU's defaults, or the
-    tuned ones (attention_triton.tuned_blocks). The defaults, the same on sm_90, sm_80 and sm_86 and for M = 1 to
-    4: 128 x 64 in half precision, the cheapest of the candidates on the static
-    cost model (benchmark.static) on sm_90 and sm_80 and as cheap as any on sm_86 (there every candidate is bound
-    by the tensor cores), and within sm_86's 99 KB of shared memory a block at 2 stages; float32 (IEEE products
-    on the FMA units, its tiles in float32) SMALL_FLOAT32, which fits all three."""
+    interpreter's small tiles, a GPU's defaults, or the tuned ones (attention_triton.tuned_blocks). The defaults,
+    for sm_90, sm_80, sm_86 and M = 1 to 4: 128 x 64 in half precision, the cheapest candidate on the static cost
+    model (benchmark.static) and within sm_86's 99 KB of shared memory at 2 stages; float32 SMALL_FLOAT32."""
     if device_type == "cpu":
         default = (32, 32)
     elif dtype == torch.float32:
@@ -113,23 +106,27 @@ if triton is not None:
         return t
 
     @triton.jit
-    def _put(base, offs_a, offs_b, stride, A, B, value, EVEN_A: tl.constexpr, EVEN_B: tl.constexpr):
-        """Store a tile as `_tile` loads one (masks only on uneven sides)."""
+    def _put(base, offs_a, offs_b, stride, A, B, value, EVEN_A: tl.constexpr, EVEN_B: tl.constexpr,
+             ADD: tl.constexpr = False):
+        """Store a tile as `_tile` loads one (masks only on uneven sides), or ADD it (float32 atomics)."""
         ptrs = base + offs_a[:, None] * stride + offs_b[None, :]
-        if EVEN_A and EVEN_B:
-            tl.store(ptrs, value)
+        mask = None if EVEN_A and EVEN_B else (offs_a < A)[:, None] & (offs_b < B)[None, :]
+        if ADD:
+            tl.atomic_add(ptrs, value, mask=mask, sem="relaxed")
         else:
-            tl.store(ptrs, value, mask=(offs_a < A)[:, None] & (offs_b < B)[None, :])
+            tl.store(ptrs, value, mask=mask)
+
+    @triton.jit
+    def _put_row(base, offs, L, value, EVEN: tl.constexpr):
+        """Store a vector, masked only where L is not a multiple of its block."""
+        tl.store(base + offs, value, mask=None if EVEN else offs < L)
 
     @triton.jit
     def _rows(base, offs, L, other, M: tl.constexpr, EVEN: tl.constexpr):
         """The M per-key vectors (x_r of the rows offs, or y_r of the keys offs) of a (M, L) matrix, as a tuple."""
         out = ()
         for r in tl.static_range(M):
-            if EVEN:
-                out = out + (tl.load(base + r * L + offs),)
-            else:
-                out = out + (tl.load(base + r * L + offs, mask=offs < L, other=other),)
+            out = out + (tl.load(base + r * L + offs, mask=None if EVEN else offs < L, other=None if EVEN else other),)
         return out
 
     @triton.jit
@@ -151,19 +148,12 @@ if triton is not None:
         qk = ks[0]  # placeholder, assigned before use
         for r in tl.static_range(M):
             if r == 0 or not SHARED:
-                if KEY_MAJOR:
-                    qk = _dot(ks[r], tl.trans(q), PREC)
-                else:
-                    qk = _dot(q, tl.trans(ks[r]), PREC)
-            if KEY_MAJOR:
-                t = qk * s2s[r] + ys[r][:, None]
-            else:
-                t = qk * s2s[r] + ys[r][None, :]
+                qk = _dot(ks[r], tl.trans(q), PREC) if KEY_MAJOR else _dot(q, tl.trans(ks[r]), PREC)
+            t = qk * s2s[r] + (ys[r][:, None] if KEY_MAJOR else ys[r][None, :])
             if CAUSAL_MASK:  # only the blocks the diagonal crosses
-                if KEY_MAJOR:
-                    t = tl.where(offs_n[:, None] <= offs_m[None, :] + (S - N), t, float("-inf"))
-                else:
-                    t = tl.where(offs_n[None, :] <= offs_m[:, None] + (S - N), t, float("-inf"))
+                seen = (offs_n[:, None] <= offs_m[None, :] + (S - N) if KEY_MAJOR
+                        else offs_n[None, :] <= offs_m[:, None] + (S - N))
+                t = tl.where(seen, t, float("-inf"))
             ts = ts + (t,)
         return ts
 
@@ -185,12 +175,16 @@ if triton is not None:
             w = A * ds
             if M == 1:
                 dls = (w,)
+            elif M == 2:  # key 0's share f = 1, 1/2 or 0 as l_0 >, = or < l_1, in two instructions (FADD, FFMA.SAT):
+                # any nonzero difference |d| >= 2^-126 saturates; a hidden pair (both -inf, d NaN) clamps to 0
+                f = tl.clamp((ls[0] - ls[1]) * 8.507059173023462e37 + 0.5, 0.0, 1.0)
+                d0 = w * f
+                dls = (d0, w - d0)
             else:  # e_r = 1 where key r ties for the maximum: counts them and picks them (no select, no division)
-                es = ()
-                for r in tl.static_range(M):
-                    es = es + ((ls[r] == lmax).to(tl.float32),)
+                es = ((ls[0] == lmax).to(tl.float32),)
                 cnt = es[0]
                 for r in tl.static_range(1, M):
+                    es = es + ((ls[r] == lmax).to(tl.float32),)
                     cnt += es[r]
                 inv = 1.5 - 0.5 * cnt  # 1 / cnt for 1 and 2 ties, more are rarer still
                 for c in tl.static_range(3, M + 1):
@@ -218,22 +212,18 @@ if triton is not None:
         ys = _rows(Y, offs_n, S, float("-inf"), M, EVEN_S)
         ts = _terms(q, ks, ys, s2s, offs_m, offs_n, N, S, M, SHARED, CAUSAL_MASK, False, PREC)
         lmax = ts[0]
-        if HARD:  # L = max_r (t_r + x_r) per pair
-            lmax = ts[0] + xs[0][:, None]
+        if HARD:  # L - x_0 = max_r (t_r + x_r - x_0) per pair: x_0 joins the row's term, - m (one FADD saved)
             for r in tl.static_range(1, M):
-                lmax = tl.maximum(lmax, ts[r] + xs[r][:, None])
-            m_new = tl.maximum(m_i, tl.max(lmax, 1))
+                lmax = tl.maximum(lmax, ts[r] + (xs[r] - xs[0])[:, None])
+            m_new = tl.maximum(m_i, tl.max(lmax, 1) + xs[0])
         else:  # the row maximum of every L_r = t_r + x_r: x_r is one number per row
             m_new = m_i
             for r in tl.static_range(M):
                 m_new = tl.maximum(m_new, tl.max(ts[r], 1) + xs[r])
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet: P stays 0
-        if HARD:
-            p = tl.exp2(lmax - m_use[:, None])
-        else:
-            p = tl.exp2(ts[0] + (xs[0] - m_use)[:, None])
-            for r in tl.static_range(1, M):
-                p += tl.exp2(ts[r] + (xs[r] - m_use)[:, None])
+        p = tl.exp2((lmax if HARD else ts[0]) + (xs[0] - m_use)[:, None])
+        for r in tl.static_range(1, 1 if HARD else M):
+            p += tl.exp2(ts[r] + (xs[r] - m_use)[:, None])
         alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _tile(V, offs_n, offs_dv, DV, S, DV, EVEN_S, EVEN_D)
@@ -241,7 +231,7 @@ if triton is not None:
             p = tl.where(_keep(SEED, bh, offs_m, offs_n, S, P_DROP), p, 0.0)
         hi = p.to(v.dtype)
         acc = acc * alpha[:, None] + _dot(hi, v, PREC)
-        if PREC != "ieee":  # half precision: P = hi + lo to ~16 bits, so that backward's delta = dO . out holds
+        if PREC != "ieee" and not HARD:  # soft, half precision: P = hi + lo to ~16 bits (see backward's delta)
             acc += _dot((p - hi.to(tl.float32)).to(v.dtype), v, PREC)
         return m_new, l_i, acc
 
@@ -250,9 +240,7 @@ if triton is not None:
                     BLOCK_N: tl.constexpr):
         """(full, end) for a block of query rows: the key blocks before `full` need no mask (every row sees all
         their keys, all inside S), those from `full` to `end` do (the causal diagonal, a ragged last block)."""
-        full = S
-        if not EVEN_S:
-            full = S // BLOCK_N * BLOCK_N
+        full = S if EVEN_S else S // BLOCK_N * BLOCK_N
         end = _key_end(start_m, BLOCK_M, N, S, CAUSAL)
         if CAUSAL:  # the first row's last key is start_m + S - N
             full = tl.minimum(full, tl.maximum(start_m + S - N + 1, 0) // BLOCK_N * BLOCK_N)
@@ -297,10 +285,7 @@ if triton is not None:
             scale = scale / (1.0 - P_DROP)
         lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("inf"))
         _put(O, offs_m, offs_dv, DV, N, DV, acc * scale[:, None], EVEN_N, EVEN_D)
-        if EVEN_N:
-            tl.store(LSE + offs_m, lse)
-        else:
-            tl.store(LSE + offs_m, lse, mask=offs_m < N)
+        _put_row(LSE, offs_m, N, lse, EVEN_N)
 
     @triton.jit
     def _dq_step(q, do, xls, delta, s2s, K, stride_kr, V, Y, start_n, offs_m, offs_d, offs_dv, dq, dxs, N, S, D,
@@ -315,20 +300,24 @@ if triton is not None:
         dp = _dot(do, tl.trans(_tile(V, offs_n, offs_dv, DV, S, DV, EVEN_S, EVEN_D)), PREC)
         if DROPOUT:  # d a_ij = mask_ij dO_i . v_j / (1 - p)
             dp = tl.where(_keep(SEED, bh, offs_m, offs_n, S, P_DROP), dp * (1.0 / (1.0 - P_DROP)), 0.0)
-        _, dls = _weights(ts, xls, dp - delta[:, None], M, HARD)
-        g = dls[0] * s2s[0]  # sMGK: sum_r s_r dL_r against the one key (s2 = s log2 e: log2 e divided out after)
+        c = s2s[0] if HARD else 1.0  # hard: dls come out as s2_0 dL_r (in ds's FFMA); dx divided by s2_0 after
+        _, dls = _weights(ts, xls, dp * c - (delta * c)[:, None], M, HARD)
+        g = dls[0] if HARD else dls[0] * s2s[0]  # sMGK: sum_r s_r dL_r against the one key (s2 = s log2 e)
         sums = ()
         for r in tl.static_range(M):
-            sums = sums + (dxs[r] + tl.sum(dls[r], 1),)
+            if not HARD or r < M - 1:  # hard: sum_r dx_ir = sum_j a_ij (dp_ij - delta_i) = 0, the last one from it
+                sums = sums + (dxs[r] + tl.sum(dls[r], 1),)
             if SHARED:
                 if r > 0:
-                    g += dls[r] * s2s[r]
+                    g += dls[r] * (s2s[r] / s2s[0] if HARD else s2s[r])
             elif HARD:
-                dq += _dot((dls[r] * s2s[r]).to(ks[r].dtype), ks[r], PREC)
+                dq += _dot((dls[r] if r == 0 else dls[r] * (s2s[r] / s2s[0])).to(ks[r].dtype), ks[r], PREC)
             else:  # soft MGK: dls already s2_r dL_r (log2 s2_r in xl_r); dx divided by s2_r at the end
                 dq += _dot(dls[r].to(ks[r].dtype), ks[r], PREC)
         if SHARED:
             dq += _dot(g.to(ks[0].dtype), ks[0], PREC)
+        if HARD:
+            sums = sums + (dxs[M - 1],)
         return dq, sums
 
     @triton.jit
@@ -376,18 +365,22 @@ if triton is not None:
                                N, S, D, DV, P_DROP, SEED, bh, DROPOUT, M, HARD, SHARED, CAUSAL, EVEN_S, EVEN_D,
                                PREC, BLOCK_N)
         _put(DQ, offs_m, offs_d, D, N, D, dq / 1.4426950408889634, EVEN_N, EVEN_D)
+        last = tl.zeros([BLOCK_M], tl.float32)  # hard: sum_r dx_ir = 0, the last key's from the others'
         for r in tl.static_range(M):
-            dx = dxs[r] if SHARED or HARD else dxs[r] / s2s[r]
-            if EVEN_N:
-                tl.store(DX + r * N + offs_m, dx)
+            if not HARD:
+                dx = dxs[r] if SHARED else dxs[r] / s2s[r]
+            elif r < M - 1:
+                dx = dxs[r] / s2s[0]
+                last -= dx
             else:
-                tl.store(DX + r * N + offs_m, dx, mask=offs_m < N)
+                dx = last
+            _put_row(DX + r * N, offs_m, N, dx, EVEN_N)
 
     @triton.jit
-    def _dkv_step(ks, v, ys, s2s, Q, DO, X, LSE, DELTA, start_m, offs_n, offs_d, offs_dv, dks, dv, dys, N, S, D, DV,
-                  P_DROP, SEED, bh, DROPOUT: tl.constexpr, M: tl.constexpr, HARD: tl.constexpr,
+    def _dkv_step(ks, v, ys, s2s, Q, DO, X, LSE, DELTA, DQ, DX, start_m, offs_n, offs_d, offs_dv, dks, dv, dys, N, S,
+                  D, DV, P_DROP, SEED, bh, DROPOUT: tl.constexpr, M: tl.constexpr, HARD: tl.constexpr,
                   SHARED: tl.constexpr, CAUSAL_MASK: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
-                  PREC: tl.constexpr, BLOCK_M: tl.constexpr):
+                  PREC: tl.constexpr, BLOCK_M: tl.constexpr, DQ_ATOMIC: tl.constexpr):
         """One block of query rows of dk_jr = s_r sum_i dL_ijr q_i, dy_jr = sum_i dL_ijr and dv_j = sum_i A_ij dO_i,
         key-major (the tiles are (keys, rows)): every key r of the block in one program."""
         offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -419,11 +412,22 @@ if triton is not None:
             else:  # s_r applied at the end
                 grads = grads + (dks[r] + _dot(dls[r].to(q.dtype), q, PREC),)
         if SHARED:
-            grads = (dks[0] + _dot(g.to(q.dtype), q, PREC),)
+            gh = g.to(q.dtype)
+            grads = (dks[0] + _dot(gh, q, PREC),)
+        if DQ_ATOMIC:  # hard sMGK's one pass: this block's dq_i = sum_j g_ij k_j (dK's operand) and dx_ir, added
+            dq = _dot(tl.trans(gh), ks[0], PREC) * (1.0 / 1.4426950408889634)
+            _put(DQ, offs_m, offs_d, D, N, D, dq, EVEN_N, EVEN_D, True)
+            # dx_ir = sum_j dL_ijr, a sum across the warps of the key-major tile: as a product with a tile of ones
+            # (~30 instructions a thread, where tl.sum's shuffles took ~200; the last key's from sum_r dx_ir = 0)
+            col = tl.arange(0, 16)[None, :]
+            for r in tl.static_range(M - 1):  # every column of the product is dx: column 0 is added
+                dx = _dot(tl.trans(dls[r].to(q.dtype)), tl.full([ks[0].shape[0], 16], 1.0, q.dtype), PREC)
+                tl.atomic_add(DX + r * N + offs_m[:, None] + col * 0, dx, mask=(offs_m < N)[:, None] & (col == 0),
+                              sem="relaxed")
         return grads, dv, sums
 
     @triton.jit
-    def _bwd_dkv_kernel(Q, K, V, X, Y, S2, DO, LSE, DELTA, DK, DV_OUT, DY, N, S, D, DV, P_DROP, SEED,
+    def _bwd_dkv_kernel(Q, K, V, X, Y, S2, DO, LSE, DELTA, DK, DV_OUT, DY, DQ, DX, N, S, D, DV, P_DROP, SEED,
                         DROPOUT: tl.constexpr, M: tl.constexpr, HARD: tl.constexpr, CAUSAL: tl.constexpr,
                         SHARED: tl.constexpr, EVEN_N: tl.constexpr, EVEN_S: tl.constexpr, EVEN_D: tl.constexpr,
                         PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -437,6 +441,7 @@ if triton is not None:
         bh64 = bh.to(tl.int64)  # the head's base offsets in 64 bits (B H N D passes 2^31), its tiles' in 32
         Q, DO, LSE, DELTA = Q + bh64 * N * D, DO + bh64 * N * DV, LSE + bh64 * N, DELTA + bh64 * N
         V, X, Y, DY = V + bh64 * S * DV, X + bh64 * M * N, Y + bh64 * M * S, DY + bh64 * M * S
+        DQ, DX = DQ + bh64 * N * D, DX + bh64 * M * N
         K = K + bh64 * (S * D if SHARED else M * S * D)
         DK, DV_OUT = DK + bh64 * (S * D if SHARED else M * S * D), DV_OUT + bh64 * S * DV
         start_n = tl.program_id(1) * BLOCK_N
@@ -460,13 +465,13 @@ if triton is not None:
             start = _query_start(start_n, BLOCK_M, N, S, CAUSAL)
             full = (tl.maximum(start_n + BLOCK_N - 1 - (S - N), 0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
         for start_m in range(start, tl.minimum(full, N), BLOCK_M):  # the causal diagonal, masked
-            dks, dv, dys = _dkv_step(ks, v, ys, s2s, Q, DO, X, LSE, DELTA, start_m, offs_n, offs_d, offs_dv, dks, dv,
-                                     dys, N, S, D, DV, P_DROP, SEED, bh, DROPOUT, M, HARD, SHARED, CAUSAL, EVEN_N,
-                                     EVEN_D, PREC, BLOCK_M)
+            dks, dv, dys = _dkv_step(ks, v, ys, s2s, Q, DO, X, LSE, DELTA, DQ, DX, start_m, offs_n, offs_d, offs_dv,
+                                     dks, dv, dys, N, S, D, DV, P_DROP, SEED, bh, DROPOUT, M, HARD, SHARED, CAUSAL,
+                                     EVEN_N, EVEN_D, PREC, BLOCK_M, HARD and SHARED)
         for start_m in range(full, N, BLOCK_M):  # no causal mask
-            dks, dv, dys = _dkv_step(ks, v, ys, s2s, Q, DO, X, LSE, DELTA, start_m, offs_n, offs_d, offs_dv, dks, dv,
-                                     dys, N, S, D, DV, P_DROP, SEED, bh, DROPOUT, M, HARD, SHARED, False, EVEN_N,
-                                     EVEN_D, PREC, BLOCK_M)
+            dks, dv, dys = _dkv_step(ks, v, ys, s2s, Q, DO, X, LSE, DELTA, DQ, DX, start_m, offs_n, offs_d, offs_dv,
+                                     dks, dv, dys, N, S, D, DV, P_DROP, SEED, bh, DROPOUT, M, HARD, SHARED, False,
+                                     EVEN_N, EVEN_D, PREC, BLOCK_M, HARD and SHARED)
         if DROPOUT:
             dv = dv * (1.0 / (1.0 - P_DROP))
         _put(DV_OUT, offs_n, offs_dv, DV, S, DV, dv, EVEN_S, EVEN_D)
@@ -474,10 +479,7 @@ if triton is not None:
             if r == 0 or not SHARED:  # s_r (s2 = s log2 e: log2 e divided out), sMGK's already in
                 scale = 1.0 / 1.4426950408889634 if SHARED else s2s[r] / 1.4426950408889634
                 _put(DK + r * S * D, offs_n, offs_d, D, S, D, dks[r] * scale, EVEN_S, EVEN_D)
-            if EVEN_S:
-                tl.store(DY + r * S + offs_n, dys[r])
-            else:
-                tl.store(DY + r * S + offs_n, dys[r], mask=offs_n < S)
+            _put_row(DY + r * S, offs_n, S, dys[r], EVEN_S)
 
 
 class _TritonMGK(torch.autograd.Function):
@@ -509,8 +511,11 @@ class _TritonMGK(torch.autograd.Function):
         q, k, v, x2, y2, s2, out, lse = ctx.saved_tensors
         bh, n, s, d, dv, m, block_m, block_n, dropout_p, seed = ctx.shape
         dout = dout.contiguous()
-        dq = torch.empty(bh, n, d, dtype=torch.float32, device=q.device)
-        dx = torch.empty(bh, m, n, dtype=torch.float32, device=q.device)
+        # hard sMGK: one pass, dq and dx added by the dK / dV programs (float32 atomics); MGK's dK / dV, which holds
+        # M dK accumulators, spills with them at its register cap
+        one_pass = ctx.consts["HARD"] and ctx.consts["SHARED"]
+        dq = (torch.zeros if one_pass else torch.empty)(bh, n, d, dtype=torch.float32, device=q.device)
+        dx = (torch.zeros if one_pass else torch.empty)(bh, m, n, dtype=torch.float32, device=q.device)
         dk = torch.empty(k.shape, dtype=torch.float32, device=q.device)
         dvv = torch.empty(bh, s, dv, dtype=torch.float32, device=q.device)
         dy = torch.empty(bh, m, s, dtype=torch.float32, device=q.device)
@@ -523,15 +528,19 @@ class _TritonMGK(torch.autograd.Function):
         # gradient by 4x its tolerance, P = hi + lo (the forward's two products) passes with the old margins.
         delta = (dout.float() * out).sum(-1)
         args = (n, s, d, dv, dropout_p, seed)
-        _bwd_dq_kernel[(bh, triton.cdiv(n, block_m))](q, k, v, x2, y2, s2, dout, lse, delta, dq, dx, *args, **consts,
-                                                      **launch_options(block_m, block_n, q.device.type,
-                                                                       "_bwd_dq_kernel"))
+        if not one_pass:
+            _bwd_dq_kernel[(bh, triton.cdiv(n, block_m))](q, k, v, x2, y2, s2, dout, lse, delta, dq, dx, *args,
+                                                          **consts, **launch_options(block_m, block_n, q.device.type,
+                                                                                     "_bwd_dq_kernel"))
         # dK / dV key-major: its tiles (keys, rows) take the blocks the other way round (block_m keys a program)
         consts = _constants(q, n, s, d, dv, m, consts["HARD"], consts["CAUSAL"], consts["SHARED"], block_n, block_m,
                             dropout_p)
-        _bwd_dkv_kernel[(bh, triton.cdiv(s, block_m))](q, k, v, x2, y2, s2, dout, lse, delta, dk, dvv, dy, *args,
-                                                       **consts, **launch_options(block_m, block_n, q.device.type,
-                                                                                  "_bwd_dkv_kernel"))
+        _bwd_dkv_kernel[(bh, triton.cdiv(s, block_m))](q, k, v, x2, y2, s2, dout, lse, delta, dk, dvv, dy, dq, dx,
+                                                       *args, **consts, **launch_options(block_m, block_n,
+                                                                                         q.device.type,
+                                                                                         "_bwd_dkv_kernel"))
+        if one_pass:  # sum_r dx_ir = sum_j a_ij (dp_ij - delta_i) = 0
+            dx[:, m - 1] = -dx[:, :m - 1].sum(1)
         return (dq.to(q.dtype), dk.to(k.dtype), dvv.to(v.dtype), dx, dy, None, None, None, None, None, None)
 
 

@@ -199,10 +199,13 @@ def launches(path, direction, target=90, dtype="bf16", head_size=64, blocks=None
                 for fn in (amt._fwd_kernel, amt._bwd_dq_kernel, amt._bwd_dkv_kernel)}
         if direction == "forward":
             return [launch(amt._fwd_kernel, base, dtype, bm * bn, 0.5, options=opts[amt._fwd_kernel])]
-        # dK / dV: key-major tiles, the blocks the other way round (bm keys x bn rows)
-        return [launch(amt._bwd_dq_kernel, base, dtype, bm * bn, 0.5, options=opts[amt._bwd_dq_kernel]),
-                launch(amt._bwd_dkv_kernel, dict(base, BLOCK_M=bn, BLOCK_N=bm), dtype, bm * bn, 0.5,
-                       options=opts[amt._bwd_dkv_kernel])]
+        # dK / dV: key-major tiles, the blocks the other way round (bm keys x bn rows); hard sMGK's one pass (dq and
+        # dx added by the dK / dV programs), the others' dQ before it
+        dkv = launch(amt._bwd_dkv_kernel, dict(base, BLOCK_M=bn, BLOCK_N=bm), dtype, bm * bn, 0.5,
+                     options=opts[amt._bwd_dkv_kernel])
+        if base["HARD"] and base["SHARED"]:
+            return [dkv]
+        return [launch(amt._bwd_dq_kernel, base, dtype, bm * bn, 0.5, options=opts[amt._bwd_dq_kernel]), dkv]
     # FiSH: forward per (batch x local head, query block) over key blocks; dQ per (batch, query block) over the H
     # local heads and, for each, the key blocks; dK / dV per (batch, key block) over the heads and the query blocks.
     # Each inner iteration covers one local head's block of pairs, once per pass: 1.0 per pair and local head, and
