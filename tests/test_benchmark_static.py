@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 triton = pytest.importorskip("triton")
 static = pytest.importorskip("hf_mgk.benchmark.static")
@@ -27,9 +28,9 @@ def test_every_launch_of_every_path_has_what_compiles_and_counts_it(path):
             # every argument typed; the constexpr ones given
             assert set(ln.signature) == set(ln.kernel.arg_names)
             assert {a for a, t in ln.signature.items() if t == "constexpr"} == set(ln.constants)
-            # what the real launch uses: MGK's launch_options for its blocks, the others 4 warps, 3 stages
-            blocks = (ln.constants["BLOCK_M"], ln.constants["BLOCK_N"])
-            want = (amt.launch_options(*blocks, "cuda", ln.name) if "mgk" in path
+            # what the real launch uses: MGK's launch_options for its default blocks (every kernel of a call),
+            # the others 4 warps, 3 stages
+            want = (amt.launch_options(*amt.block_sizes("cuda", 64, 64, torch.bfloat16)) if "mgk" in path
                     else dict(num_warps=4, num_stages=3))
             assert ln.options == want
             assert ln.pairs > 0 and ln.per_pair > 0
@@ -44,8 +45,8 @@ def test_per_pair_weights_and_the_launches_of_a_pass():
     back = static.launches("mgk hard", "backward")
     assert [ln.per_pair for ln in back] == [0.5, 0.5]
     assert [ln.name for ln in back] == ["_bwd_dq_kernel", "_bwd_dkv_kernel"]
-    assert (back[1].constants["BLOCK_M"], back[1].constants["BLOCK_N"]) == (back[0].constants["BLOCK_N"],
-                                                                           back[0].constants["BLOCK_M"])
+    assert (back[1].constants["BLOCK_M"], back[1].constants["BLOCK_N"]) == (
+        amt.dkv_rows(back[0].constants["BLOCK_N"]), back[0].constants["BLOCK_M"])          # keys x half the rows
     # hard sMGK: one pass, the dK / dV programs adding dq and dx
     assert [ln.name for ln in static.launches("smgk hard", "backward")] == ["_bwd_dkv_kernel"]
     # FiSH: one local head's block of pairs an iteration, once per pass

@@ -48,7 +48,7 @@ if triton is not None:
     from .attention_triton import query_start as _query_start
     from .attention_triton import softmax_state as _softmax_state
 
-__all__ = ["MAX_HEAD_SIZE", "available", "block_sizes", "launch_options", "mgk_triton", "refusal"]
+__all__ = ["MAX_HEAD_SIZE", "available", "block_sizes", "dkv_rows", "launch_options", "mgk_triton", "refusal"]
 
 
 def block_sizes(device_type, head_size, value_size, dtype=None):
@@ -69,23 +69,19 @@ def block_sizes(device_type, head_size, value_size, dtype=None):
 
 SMALL_FLOAT32 = (32, 32)  # float32 at M = 4, 2 stages: 78.6 KB of shared memory on sm_86 at D = 64 (64 x 32: 140 KB)
 
-# Registers a thread, capped (ptxas -maxrregcount) at the flash baseline's (benchmark.static's softmax kernels) at
-# the same launch + 32, with no spills (issue 33): 8 warps at 128 x 64 hold 104 / 128 / 214 (forward / dQ /
-# dK dV), 4 warps at 64 x 64 168 / 168 / 255. Uncapped ptxas fills 255 with no gain in occupancy.
-_REG_CAPS = {(8192, 8): dict(_fwd_kernel=136, _bwd_dq_kernel=160, _bwd_dkv_kernel=246),
-             (4096, 4): dict(_fwd_kernel=200, _bwd_dq_kernel=200)}
+def launch_options(block_m, block_n):
+    """num_warps and num_stages of a launch over tiles of these blocks: 8 warps (two warpgroups) for tiles of
+    128 x 64 and more, so that a thread holds what it holds at 64 x 64 with 4. No register cap: capped at the flash
+    baseline's + 32 (136 / 160 / 246 for forward / dQ / dK dV at 128 x 64), ptxas spilled inside the main loops (up
+    to 700 spill loads / stores an iteration with dropout or M = 4), and a cap gains no occupancy at 8 warps."""
+    return dict(num_warps=8 if block_m * block_n >= 128 * 64 else 4, num_stages=2)
 
 
-def launch_options(block_m, block_n, device_type="cuda", kernel=None):
-    """num_warps, num_stages (and on a GPU the register cap of `kernel`, a kernel's name) of a launch of these
-    blocks: 8 warps (two warpgroups) for tiles of 128 x 64 and more, so that a thread holds what it holds at
-    64 x 64 with 4."""
-    warps = 8 if block_m * block_n >= 128 * 64 else 4
-    opts = dict(num_warps=warps, num_stages=2)
-    cap = _REG_CAPS.get((block_m * block_n, warps), {}).get(kernel)
-    if cap and device_type != "cpu":
-        opts["maxnreg"] = cap
-    return opts
+def dkv_rows(block_n):
+    """The query rows an iteration of the key-major dK / dV program takes: half the forward's (at least 16). Its
+    M dK accumulators, dV and the tiles of a (keys, rows) iteration held at 128 x 64 spilled on sm_90 (dropout:
+    ~150 spill loads / stores an iteration); at 128 keys x 32 rows, M = 2 compiles without (kernel notes)."""
+    return max(16, block_n // 2)
 
 
 if triton is not None:
@@ -498,8 +494,7 @@ class _TritonMGK(torch.autograd.Function):
         lse = torch.empty(bh, n, dtype=torch.float32, device=q.device)
         consts = _constants(q, n, s, d, dv, m, hard, causal, shared, block_m, block_n, dropout_p)
         _fwd_kernel[(bh, triton.cdiv(n, block_m))](q, k, v, x2, y2, s2, out, lse, n, s, d, dv, dropout_p, seed,
-                                                   **consts, **launch_options(block_m, block_n, q.device.type,
-                                                                              "_fwd_kernel"))
+                                                   **consts, **launch_options(block_m, block_n))
         ctx.save_for_backward(q, k, v, x2, y2, s2, out, lse)
         ctx.shape = (bh, n, s, d, dv, m, block_m, block_n, dropout_p, seed)
         ctx.consts = consts
@@ -512,7 +507,7 @@ class _TritonMGK(torch.autograd.Function):
         bh, n, s, d, dv, m, block_m, block_n, dropout_p, seed = ctx.shape
         dout = dout.contiguous()
         # hard sMGK: one pass, dq and dx added by the dK / dV programs (float32 atomics); MGK's dK / dV, which holds
-        # M dK accumulators, spills with them at its register cap
+        # M dK accumulators, spilled with them (kernel notes)
         one_pass = ctx.consts["HARD"] and ctx.consts["SHARED"]
         dq = (torch.zeros if one_pass else torch.empty)(bh, n, d, dtype=torch.float32, device=q.device)
         dx = (torch.zeros if one_pass else torch.empty)(bh, m, n, dtype=torch.float32, device=q.device)
@@ -530,15 +525,13 @@ class _TritonMGK(torch.autograd.Function):
         args = (n, s, d, dv, dropout_p, seed)
         if not one_pass:
             _bwd_dq_kernel[(bh, triton.cdiv(n, block_m))](q, k, v, x2, y2, s2, dout, lse, delta, dq, dx, *args,
-                                                          **consts, **launch_options(block_m, block_n, q.device.type,
-                                                                                     "_bwd_dq_kernel"))
-        # dK / dV key-major: its tiles (keys, rows) take the blocks the other way round (block_m keys a program)
-        consts = _constants(q, n, s, d, dv, m, consts["HARD"], consts["CAUSAL"], consts["SHARED"], block_n, block_m,
-                            dropout_p)
+                                                          **consts, **launch_options(block_m, block_n))
+        # dK / dV key-major: block_m keys a program, dkv_rows(block_n) query rows an iteration, with the warps of the
+        # forward's tile (the same keys x D accumulators a thread)
+        consts = _constants(q, n, s, d, dv, m, consts["HARD"], consts["CAUSAL"], consts["SHARED"], dkv_rows(block_n),
+                            block_m, dropout_p)
         _bwd_dkv_kernel[(bh, triton.cdiv(s, block_m))](q, k, v, x2, y2, s2, dout, lse, delta, dk, dvv, dy, dq, dx,
-                                                       *args, **consts, **launch_options(block_m, block_n,
-                                                                                         q.device.type,
-                                                                                         "_bwd_dkv_kernel"))
+                                                       *args, **consts, **launch_options(block_m, block_n))
         if one_pass:  # sum_r dx_ir = sum_j a_ij (dp_ij - delta_i) = 0
             dx[:, m - 1] = -dx[:, :m - 1].sum(1)
         return (dq.to(q.dtype), dk.to(k.dtype), dvv.to(v.dtype), dx, dy, None, None, None, None, None, None)

@@ -195,17 +195,17 @@ def launches(path, direction, target=90, dtype="bf16", head_size=64, blocks=None
                     SHARED=path.startswith("smgk"), EVEN_N=True, EVEN_S=True, EVEN_D=head_size == bd,
                     PREC=precision(torch_dtype, "cuda"),
                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DV=bd)
-        opts = {fn: amt.launch_options(bm, bn, "cuda", fn.__name__)
-                for fn in (amt._fwd_kernel, amt._bwd_dq_kernel, amt._bwd_dkv_kernel)}
+        opts = amt.launch_options(bm, bn)
         if direction == "forward":
-            return [launch(amt._fwd_kernel, base, dtype, bm * bn, 0.5, options=opts[amt._fwd_kernel])]
-        # dK / dV: key-major tiles, the blocks the other way round (bm keys x bn rows); hard sMGK's one pass (dq and
-        # dx added by the dK / dV programs), the others' dQ before it
-        dkv = launch(amt._bwd_dkv_kernel, dict(base, BLOCK_M=bn, BLOCK_N=bm), dtype, bm * bn, 0.5,
-                     options=opts[amt._bwd_dkv_kernel])
+            return [launch(amt._fwd_kernel, base, dtype, bm * bn, 0.5, options=opts)]
+        # dK / dV: key-major tiles, bm keys x dkv_rows(bn) query rows an iteration; hard sMGK's one pass (dq and dx
+        # added by the dK / dV programs), the others' dQ before it
+        rows = amt.dkv_rows(bn)
+        dkv = launch(amt._bwd_dkv_kernel, dict(base, BLOCK_M=rows, BLOCK_N=bm, EVEN_N=True), dtype, bm * rows, 0.5,
+                     options=opts)
         if base["HARD"] and base["SHARED"]:
             return [dkv]
-        return [launch(amt._bwd_dq_kernel, base, dtype, bm * bn, 0.5, options=opts[amt._bwd_dq_kernel]), dkv]
+        return [launch(amt._bwd_dq_kernel, base, dtype, bm * bn, 0.5, options=opts), dkv]
     # FiSH: forward per (batch x local head, query block) over key blocks; dQ per (batch, query block) over the H
     # local heads and, for each, the key blocks; dK / dV per (batch, key block) over the heads and the query blocks.
     # Each inner iteration covers one local head's block of pairs, once per pass: 1.0 per pair and local head, and
@@ -347,9 +347,12 @@ def compiled(ln, target, aligned=False):
         if not sass.stdout:
             raise RuntimeError(f"nvdisasm gave nothing for {ln.name}: {sass.stderr[-300:]}")
         info = res.stdout + res.stderr
-        regs, local = (re.search(rf"{w}:(\d+)", info) for w in ("REG", "LOCAL"))
+        # spilled bytes: ptxas puts spills in the stack frame (cuobjdump's STACK), LOCAL counts only local arrays;
+        # so local_bytes is the two together (a kernel with STACK > 0 and no calls spills: LDL / STL in its SASS)
+        regs, local, stack = (re.search(rf"{w}:(\d+)", info) for w in ("REG", "LOCAL", "STACK"))
         _CACHE[key] = (dict(regs=int(regs.group(1)) if regs else None,
-                            local_bytes=int(local.group(1)) if local else None, shared=k.metadata.shared), sass.stdout)
+                            local_bytes=int(local.group(1)) + int(stack.group(1) if stack else 0) if local else None,
+                            shared=k.metadata.shared), sass.stdout)
     return _CACHE[key]
 
 
