@@ -89,7 +89,7 @@ if triton is not None:
             _net.fwd(Q, K, V, SIG, W1, B1, W2, B2, KB, O, LSE, N, S, D, DV, M, H, scale, P_DROP, SEED, NSEED, MP,
                      NOISE, PADDED, CAUSAL, DROPOUT, PREC, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
         else:
-            _lin.fwd(Q, K, V, STD, KB, O, LSE, N, S, DV, H, P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT, PREC,
+            _lin.fwd(Q, K, V, STD, KB, O, LSE, N, S, H, P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT, PREC,
                      BLOCK_M, BLOCK_N, BLOCK_DV, MP * BLOCK_D)
 
     @triton.jit
@@ -103,7 +103,7 @@ if triton is not None:
                        DV, M, H, scale, P_DROP, SEED, NSEED, MP, HP, NOISE, PADDED, CAUSAL, DROPOUT, PREC, BLOCK_M,
                        BLOCK_N, BLOCK_D, BLOCK_DV)
         else:
-            _lin.bwd_q(Q, K, V, DO, LSE, DELTA, STD, KB, DQ, DSP, N, S, DV, H, P_DROP, SEED, NSEED, NOISE, PADDED,
+            _lin.bwd_q(Q, K, V, DO, LSE, DELTA, STD, KB, DQ, DSP, N, S, H, P_DROP, SEED, NSEED, NOISE, PADDED,
                        CAUSAL, DROPOUT, PREC, BLOCK_M, BLOCK_N, BLOCK_DV, MP * BLOCK_D)
 
     @triton.jit
@@ -117,7 +117,7 @@ if triton is not None:
                         SEED, NSEED, MP, HP, NOISE, PADDED, CAUSAL, DROPOUT, PREC, BLOCK_M, BLOCK_N, BLOCK_D,
                         BLOCK_DV)
         else:
-            _lin.bwd_kv(Q, K, V, DO, LSE, DELTA, STD, KB, DK, DVO, N, S, DV, H, P_DROP, SEED, NSEED, NOISE, PADDED,
+            _lin.bwd_kv(Q, K, V, DO, LSE, DELTA, STD, KB, DK, DVO, N, S, H, P_DROP, SEED, NSEED, NOISE, PADDED,
                         CAUSAL, DROPOUT, PREC, BLOCK_M, BLOCK_N, BLOCK_DV, MP * BLOCK_D)
 
     @triton.jit
@@ -176,6 +176,16 @@ def _concat_keys(k, width):
     return out.view(b, s, width)
 
 
+def consts_dv(dv):
+    """BLOCK_DV of a value size: the linear kernels' row stride of V, dO, the output and dV."""
+    return max(16, triton.next_power_of_2(dv))
+
+
+def _pad(x, width):
+    """x with its last axis padded with zeros to `width` (itself, contiguous, where it has that width)."""
+    return x.contiguous() if x.shape[-1] == width else torch.nn.functional.pad(x, (0, width - x.shape[-1]))
+
+
 def _unfold(x, m, d):
     """(..., R, width) float32 -> (..., M, R, D): the global heads' columns of a folded gradient."""
     mp = triton.next_power_of_2(m)
@@ -197,17 +207,19 @@ class _TritonFiSH(torch.autograd.Function):
         # the output in float32, rounded to the compute dtype afterwards: backward's delta = dO . out from the
         # unrounded output (from the rounded one, half precision's rounding enters every row's dA, and sigma's
         # gradient, a cancelling sum over the pairs, amplified it past its tolerance in tests)
-        out = torch.empty(b, h, n, dv, dtype=torch.float32, device=q.device)
+        width_v = dv if network else consts_dv(dv)
+        out = torch.empty(b, h, n, width_v, dtype=torch.float32, device=q.device)
         lse = torch.empty(b, h, n, 2, dtype=torch.float32, device=q.device)
         consts = dict(MP=triton.next_power_of_2(m), NETWORK=network,
                       NOISE=(sigma if network else std) is not None, PADDED=kb is not None, CAUSAL=causal,
                       DROPOUT=dropout_p > 0, PREC=precision(q.dtype, q.device.type, float32="tf32x3"),
                       BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
-                      BLOCK_DV=max(16, triton.next_power_of_2(dv)))
+                      BLOCK_DV=consts_dv(dv))
         runtime = (n, s, d, dv, m, h, float(scale), float(dropout_p), seed, nseed)
         width = consts["MP"] * consts["BLOCK_D"]
-        qk = (q, k) if network else (_fold(q, w, scale, width), _concat_keys(k, width))
-        _fwd_kernel[(b * h, triton.cdiv(n, block_m))](*qk, v, *tensors, out, lse, *runtime, **consts)
+        qkv = (q, k, v) if network else (_fold(q, w, scale, width), _concat_keys(k, width), _pad(v, width_v))
+        _fwd_kernel[(b * h, triton.cdiv(n, block_m))](*qkv, *tensors, out, lse, *runtime, **consts)
+        out = out[..., :dv]
         ctx.save_for_backward(q, k, v, out, lse, *tensors)
         ctx.runtime, ctx.consts, ctx.given = runtime, consts, [t is not None for t in (w, std, sigma, w1, b1, w2, b2)]
         return out.to(q.dtype)
@@ -224,19 +236,20 @@ class _TritonFiSH(torch.autograd.Function):
         delta = (dout.float() * out.float()).sum(-1).contiguous()
         f32 = dict(dtype=torch.float32, device=q.device)
         q_blocks, k_blocks = triton.cdiv(n, consts["BLOCK_M"]), triton.cdiv(s, consts["BLOCK_N"])
-        dv = torch.empty(b, h, s, dv_size, **f32)
         if consts["NETWORK"]:
-            programs, heads, width, qk = b * q_blocks, b, d, (q, k)
+            programs, heads, qkv = b * q_blocks, b, (q, k, v)
             dq, dk = torch.empty(b, m, n, d, **f32), torch.empty(b, m, s, d, **f32)
-        else:  # G_j = dL/dq'_j per local head, dk' (module docstring)
+        else:  # G_j = dL/dq'_j per local head, dk' (module docstring); V and dO padded to BLOCK_DV
             programs, heads, width = b * h * q_blocks, b * h, mp * consts["BLOCK_D"]
-            qk = (_fold(q, tensors[0], scale, width), _concat_keys(k, width))
+            qkv = (_fold(q, tensors[0], scale, width), _concat_keys(k, width), _pad(v, consts_dv(dv_size)))
             dq, dk = torch.empty(b, h, n, width, **f32), torch.empty(b, s, width, **f32)
+            dout = _pad(dout, consts_dv(dv_size))
+        dv = torch.empty(b, h, s, qkv[2].shape[-1], **f32)
         dsp = torch.zeros(programs, **f32)
         dw1p, db1p = torch.zeros(programs, hp, mp, **f32), torch.zeros(programs, hp, **f32)
         dw2p, db2p = torch.zeros(programs, h, hp, **f32), torch.zeros(programs, h, **f32)
         dsigp = torch.zeros(programs, mp, **f32)
-        common = (*qk, v, dout, lse, delta, *tensors)
+        common = (*qkv, dout, lse, delta, *tensors)
         _bwd_q_kernel[(heads, q_blocks)](*common, dq, dsp, dsp, dw1p, db1p, dw2p, db2p, dsigp, *ctx.runtime, HP=hp,
                                          **consts)
         _bwd_kv_kernel[(b, k_blocks)](*common, dk, dv, *ctx.runtime, HP=hp, **consts)
@@ -250,7 +263,7 @@ class _TritonFiSH(torch.autograd.Function):
             grads = [dw, dsp.view(b, h, q_blocks).sum((0, 2)), None, None, None, None, None]
             dk = _unfold(dk, m, d)
         grads = [g if given else None for g, given in zip(grads, ctx.given)]
-        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), *grads, None, None, None, None, None, None)
+        return (dq.to(q.dtype), dk.to(k.dtype), dv[..., :dv_size].to(v.dtype), *grads, None, None, None, None, None, None)
 
 
 def fish_triton(query, key, value, mixing, scale, noise_std, attention_mask, is_causal, dropout_p=0.0,

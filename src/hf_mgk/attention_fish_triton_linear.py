@@ -79,7 +79,7 @@ if triton is not None:
         return a, eps
 
     @triton.jit
-    def _fwd_step(q, K, V, STD, KB, b, j, bh, H, offs_m, start_n, N, S, DV, std, m_i, l_i, acc, P_DROP, SEED, NSEED,
+    def _fwd_step(q, K, V, STD, KB, b, j, bh, H, offs_m, start_n, N, S, std, m_i, l_i, acc, P_DROP, SEED, NSEED,
                   NOISE: tl.constexpr, PADDED: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
                   EDGE: tl.constexpr, PREC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr,
                   W: tl.constexpr):
@@ -93,16 +93,14 @@ if triton is not None:
         alpha = tl.exp2((m_i - m_use) * _LOG2E)
         l_i = l_i * alpha + tl.sum(p, 1)
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        offs_dv = tl.arange(0, BLOCK_DV)
-        v = tl.load(V + offs_n[:, None] * DV + offs_dv[None, :],
-                    mask=(offs_n < S)[:, None] & (offs_dv < DV)[None, :], other=0.0)
+        v = _value_tile(V, offs_n, S, EDGE, BLOCK_DV)
         if DROPOUT:  # the weights dropped after the normalisation: l sums the undropped P
             p = tl.where(_keep(SEED, bh, offs_m, offs_n, S, P_DROP), p / (1.0 - P_DROP), 0.0)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PREC)
         return m_new, l_i, acc
 
     @triton.jit
-    def fwd(Q, K, V, STD, KB, O, LSE, N, S, DV, H, P_DROP, SEED, NSEED, NOISE: tl.constexpr,
+    def fwd(Q, K, V, STD, KB, O, LSE, N, S, H, P_DROP, SEED, NSEED, NOISE: tl.constexpr,
             PADDED: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, W: tl.constexpr):
         """Q: q' (B, H, N, W), K: k' (B, S, W); one program per (batch x local head, block of query rows)."""
@@ -110,7 +108,7 @@ if triton is not None:
         b, j = bh // H, bh % H
         bh64 = bh.to(tl.int64)  # the bases' offsets in 64 bits (B H N W passes 2^31), the tiles' in 32
         Q, K = Q + bh64 * N * W, K + b.to(tl.int64) * S * W
-        V, O, LSE = V + bh64 * S * DV, O + bh64 * N * DV, LSE + bh64 * N * 2
+        V, O, LSE = V + bh64 * S * BLOCK_DV, O + bh64 * N * BLOCK_DV, LSE + bh64 * N * 2
         start_m = tl.program_id(1) * BLOCK_M
         offs_m = start_m + tl.arange(0, BLOCK_M)
         offs_dv = tl.arange(0, BLOCK_DV)
@@ -119,17 +117,17 @@ if triton is not None:
         m_i, l_i, acc = _softmax_state(BLOCK_M, BLOCK_DV)
         free = _free_keys_end(start_m, BLOCK_N, N, S, CAUSAL)
         for start_n in range(0, free, BLOCK_N):
-            m_i, l_i, acc = _fwd_step(q, K, V, STD, KB, b, j, bh, H, offs_m, start_n, N, S, DV, std, m_i, l_i, acc,
+            m_i, l_i, acc = _fwd_step(q, K, V, STD, KB, b, j, bh, H, offs_m, start_n, N, S, std, m_i, l_i, acc,
                                       P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT, False, PREC, BLOCK_N,
                                       BLOCK_DV, W)
         for start_n in range(free, _key_end(start_m, BLOCK_M, N, S, CAUSAL), BLOCK_N):
-            m_i, l_i, acc = _fwd_step(q, K, V, STD, KB, b, j, bh, H, offs_m, start_n, N, S, DV, std, m_i, l_i, acc,
+            m_i, l_i, acc = _fwd_step(q, K, V, STD, KB, b, j, bh, H, offs_m, start_n, N, S, std, m_i, l_i, acc,
                                       P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT, True, PREC, BLOCK_N,
                                       BLOCK_DV, W)
         seen = l_i > 0  # a row that sees no key: output 0, max +inf (backward's weights all 0)
         out = acc / tl.where(seen, l_i, 1.0)[:, None]
-        tl.store(O + offs_m[:, None] * DV + offs_dv[None, :], out.to(O.dtype.element_ty),
-                 mask=(offs_m < N)[:, None] & (offs_dv < DV)[None, :])
+        tl.store(O + offs_m[:, None] * BLOCK_DV + offs_dv[None, :], out.to(O.dtype.element_ty),
+                 mask=(offs_m < N)[:, None])
         tl.store(LSE + offs_m * 2, tl.where(seen, m_i, float("inf")), mask=offs_m < N)
         tl.store(LSE + offs_m * 2 + 1, tl.log2(tl.where(seen, l_i, 1.0)), mask=offs_m < N)
 
@@ -151,24 +149,30 @@ if triton is not None:
         return p_used, p * (dp - delta[:, None]), eps
 
     @triton.jit
-    def _rows(DO, LSE, DELTA, offs_m, N, DV, BLOCK_DV: tl.constexpr):
-        """A block of rows' dO, saved row maximum and log2 of the sum, and delta (rows past N: dO 0, max +inf)."""
-        rows = offs_m < N
-        offs_dv = tl.arange(0, BLOCK_DV)
-        do = tl.load(DO + offs_m[:, None] * DV + offs_dv[None, :], mask=rows[:, None] & (offs_dv < DV)[None, :],
-                     other=0.0)
-        return (do, tl.load(LSE + offs_m * 2, mask=rows, other=float("inf")),
-                tl.load(LSE + offs_m * 2 + 1, mask=rows, other=0.0), tl.load(DELTA + offs_m, mask=rows, other=0.0))
+    def _value_tile(V, offs_n, S, EDGE: tl.constexpr, BLOCK_DV: tl.constexpr):
+        """Rows offs_n of V (rows of BLOCK_DV: torch pads Dv), bounds only on an EDGE block."""
+        vp = V + offs_n[:, None] * BLOCK_DV + tl.arange(0, BLOCK_DV)[None, :]
+        if EDGE:
+            return tl.load(vp, mask=(offs_n < S)[:, None], other=0.0)
+        return tl.load(vp)
 
     @triton.jit
-    def _dq_step(q, do, row_max, log2_l, delta, V, K, STD, KB, b, j, H, offs_m, start_n, N, S, DV, std, g, dstd,
+    def _rows(DO, LSE, DELTA, offs_m, N, EDGE: tl.constexpr, BLOCK_DV: tl.constexpr):
+        """A block of rows' dO, saved row maximum and log2 of the sum, and delta (rows past N, only in an EDGE block:
+        dO 0, max +inf)."""
+        if EDGE:
+            rows = offs_m < N
+            return (_value_tile(DO, offs_m, N, True, BLOCK_DV), tl.load(LSE + offs_m * 2, mask=rows, other=float("inf")),
+                    tl.load(LSE + offs_m * 2 + 1, mask=rows, other=0.0), tl.load(DELTA + offs_m, mask=rows, other=0.0))
+        return (_value_tile(DO, offs_m, N, False, BLOCK_DV), tl.load(LSE + offs_m * 2), tl.load(LSE + offs_m * 2 + 1),
+                tl.load(DELTA + offs_m))
+
+    @triton.jit
+    def _dq_step(q, do, row_max, log2_l, delta, V, K, STD, KB, b, j, H, offs_m, start_n, N, S, std, g, dstd,
                  P_DROP, SEED, NSEED, NOISE: tl.constexpr, PADDED: tl.constexpr, CAUSAL: tl.constexpr,
                  DROPOUT: tl.constexpr, EDGE: tl.constexpr, PREC: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_DV: tl.constexpr, W: tl.constexpr):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        offs_dv = tl.arange(0, BLOCK_DV)
-        v = tl.load(V + offs_n[:, None] * DV + offs_dv[None, :],
-                    mask=(offs_n < S)[:, None] & (offs_dv < DV)[None, :], other=0.0)
+        v = _value_tile(V, start_n + tl.arange(0, BLOCK_N), S, EDGE, BLOCK_DV)
         k, kb = _key_tile(K, KB, b, start_n, S, PADDED, EDGE, BLOCK_N, W)
         _, da, eps = _grad_tile(q, k, kb, do, row_max, log2_l, delta, v, b, j, H, offs_m, start_n, N, S, std, P_DROP,
                                 SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT, EDGE, PREC, BLOCK_N)
@@ -177,7 +181,7 @@ if triton is not None:
         return g + _dot(da.to(k.dtype), k, PREC), dstd
 
     @triton.jit
-    def bwd_q(Q, K, V, DO, LSE, DELTA, STD, KB, DQ, DSP, N, S, DV, H, P_DROP, SEED, NSEED, NOISE: tl.constexpr,
+    def bwd_q(Q, K, V, DO, LSE, DELTA, STD, KB, DQ, DSP, N, S, H, P_DROP, SEED, NSEED, NOISE: tl.constexpr,
               PADDED: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, W: tl.constexpr):
         """G_j = dA_j k' (into DQ, (B, H, N, W) float32) and dstd_j's share (DSP[program]) for one (batch x local
@@ -186,22 +190,23 @@ if triton is not None:
         b, j = bh // H, bh % H
         bh64 = bh.to(tl.int64)  # the bases' offsets in 64 bits, the tiles' in 32
         Q, K, DQ = Q + bh64 * N * W, K + b.to(tl.int64) * S * W, DQ + bh64 * N * W
-        V, DO, LSE, DELTA = V + bh64 * S * DV, DO + bh64 * N * DV, LSE + bh64 * N * 2, DELTA + bh64 * N
+        V, DO = V + bh64 * S * BLOCK_DV, DO + bh64 * N * BLOCK_DV
+        LSE, DELTA = LSE + bh64 * N * 2, DELTA + bh64 * N
         start_m = tl.program_id(1) * BLOCK_M
         offs_m = start_m + tl.arange(0, BLOCK_M)
         offs_w = tl.arange(0, W)
         q = tl.load(Q + offs_m[:, None] * W + offs_w[None, :], mask=(offs_m < N)[:, None], other=0.0)
-        do, row_max, log2_l, delta = _rows(DO, LSE, DELTA, offs_m, N, DV, BLOCK_DV)
+        do, row_max, log2_l, delta = _rows(DO, LSE, DELTA, offs_m, N, True, BLOCK_DV)
         std = tl.load(STD + j) if NOISE else 0.0
         g = tl.zeros([BLOCK_M, W], tl.float32)
         dstd = tl.zeros([BLOCK_M], tl.float32)
         free = _free_keys_end(start_m, BLOCK_N, N, S, CAUSAL)
         for start_n in range(0, free, BLOCK_N):
-            g, dstd = _dq_step(q, do, row_max, log2_l, delta, V, K, STD, KB, b, j, H, offs_m, start_n, N, S, DV, std,
+            g, dstd = _dq_step(q, do, row_max, log2_l, delta, V, K, STD, KB, b, j, H, offs_m, start_n, N, S, std,
                                g, dstd, P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT, False, PREC, BLOCK_N,
                                BLOCK_DV, W)
         for start_n in range(free, _key_end(start_m, BLOCK_M, N, S, CAUSAL), BLOCK_N):
-            g, dstd = _dq_step(q, do, row_max, log2_l, delta, V, K, STD, KB, b, j, H, offs_m, start_n, N, S, DV, std,
+            g, dstd = _dq_step(q, do, row_max, log2_l, delta, V, K, STD, KB, b, j, H, offs_m, start_n, N, S, std,
                                g, dstd, P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT, True, PREC, BLOCK_N,
                                BLOCK_DV, W)
         tl.store(DQ + offs_m[:, None] * W + offs_w[None, :], g, mask=(offs_m < N)[:, None])
@@ -209,7 +214,7 @@ if triton is not None:
             tl.store(DSP + bh * tl.num_programs(1) + tl.program_id(1), tl.sum(dstd))
 
     @triton.jit
-    def _dkv_step(k, kb, v, Q, DO, LSE, DELTA, b, j, H, start_m, start_n, N, S, DV, std, dk, dv, P_DROP,
+    def _dkv_step(k, kb, v, Q, DO, LSE, DELTA, b, j, H, start_m, start_n, N, S, std, dk, dv, P_DROP,
                   SEED, NSEED, NOISE: tl.constexpr, PADDED: tl.constexpr, CAUSAL: tl.constexpr,
                   DROPOUT: tl.constexpr, EDGE: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, W: tl.constexpr):
@@ -219,7 +224,7 @@ if triton is not None:
             q = tl.load(qp, mask=(offs_m < N)[:, None], other=0.0)
         else:
             q = tl.load(qp)
-        do, row_max, log2_l, delta = _rows(DO, LSE, DELTA, offs_m, N, DV, BLOCK_DV)
+        do, row_max, log2_l, delta = _rows(DO, LSE, DELTA, offs_m, N, EDGE, BLOCK_DV)
         p_used, da, _ = _grad_tile(q, k, kb, do, row_max, log2_l, delta, v, b, j, H, offs_m, start_n, N, S, std,
                                    P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT, EDGE, PREC, BLOCK_N)
         dv += _dot(tl.trans(p_used).to(do.dtype), do, PREC)
@@ -227,7 +232,7 @@ if triton is not None:
         return dk, dv
 
     @triton.jit
-    def bwd_kv(Q, K, V, DO, LSE, DELTA, STD, KB, DK, DVO, N, S, DV, H, P_DROP, SEED, NSEED, NOISE: tl.constexpr,
+    def bwd_kv(Q, K, V, DO, LSE, DELTA, STD, KB, DK, DVO, N, S, H, P_DROP, SEED, NSEED, NOISE: tl.constexpr,
                PADDED: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, W: tl.constexpr):
         """For one (batch, block of keys): dk' = sum_j dA_j^T q'_j (into DK, (B, S, W) float32) and each local
@@ -246,23 +251,21 @@ if triton is not None:
         full = tl.maximum(free, N // BLOCK_M * BLOCK_M)
         for j in range(H):
             bh = b64 * H + j
-            Qj, DOj, LSEj, DELTAj = Q + bh * N * W, DO + bh * N * DV, LSE + bh * N * 2, DELTA + bh * N
-            v = tl.load(V + bh * S * DV + offs_n[:, None] * DV + offs_dv[None, :],
-                        mask=cols[:, None] & (offs_dv < DV)[None, :], other=0.0)
+            Qj, DOj, LSEj, DELTAj = Q + bh * N * W, DO + bh * N * BLOCK_DV, LSE + bh * N * 2, DELTA + bh * N
+            v = _value_tile(V + bh * S * BLOCK_DV, offs_n, S, True, BLOCK_DV)
             std = tl.load(STD + j) if NOISE else 0.0
             dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
             for start_m in range(lo, free, BLOCK_M):
-                dk, dv = _dkv_step(k, kb, v, Qj, DOj, LSEj, DELTAj, b, j, H, start_m, start_n, N, S, DV, std, dk,
+                dk, dv = _dkv_step(k, kb, v, Qj, DOj, LSEj, DELTAj, b, j, H, start_m, start_n, N, S, std, dk,
                                    dv, P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT, True, PREC, BLOCK_M,
                                    BLOCK_N, BLOCK_DV, W)
             for start_m in range(free, N // BLOCK_M * BLOCK_M, BLOCK_M):
-                dk, dv = _dkv_step(k, kb, v, Qj, DOj, LSEj, DELTAj, b, j, H, start_m, start_n, N, S, DV, std, dk,
+                dk, dv = _dkv_step(k, kb, v, Qj, DOj, LSEj, DELTAj, b, j, H, start_m, start_n, N, S, std, dk,
                                    dv, P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT, False, PREC, BLOCK_M,
                                    BLOCK_N, BLOCK_DV, W)
             for start_m in range(full, N, BLOCK_M):
-                dk, dv = _dkv_step(k, kb, v, Qj, DOj, LSEj, DELTAj, b, j, H, start_m, start_n, N, S, DV, std, dk,
+                dk, dv = _dkv_step(k, kb, v, Qj, DOj, LSEj, DELTAj, b, j, H, start_m, start_n, N, S, std, dk,
                                    dv, P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT, True, PREC, BLOCK_M,
                                    BLOCK_N, BLOCK_DV, W)
-            tl.store(DVO + bh * S * DV + offs_n[:, None] * DV + offs_dv[None, :], dv,
-                     mask=cols[:, None] & (offs_dv < DV)[None, :])
+            tl.store(DVO + bh * S * BLOCK_DV + offs_n[:, None] * BLOCK_DV + offs_dv[None, :], dv, mask=cols[:, None])
         tl.store(DK + offs_n[:, None] * W + tl.arange(0, W)[None, :], dk, mask=cols[:, None])

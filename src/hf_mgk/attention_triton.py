@@ -228,18 +228,12 @@ if triton is not None:
         return (tl.full([BLOCK_M], float("-inf"), tl.float32), tl.zeros([BLOCK_M], tl.float32),
                 tl.zeros([BLOCK_M, BLOCK_DV], tl.float32))
 
-    # Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011), the generator of
-    # tl.randint4x (the same numbers for counter (c, 0, 0, 0) and key (k0, 0)), written with each 32 x 32-bit product
-    # as one 64-bit one: ptxas makes it one IMAD.WIDE.U32 (high and low word at once) where umulhi + mul are two.
+    # Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011), as Triton's (the
+    # generator of tl.randint4x), with each 32 x 32-bit product written as one 64-bit one (ptxas: one IMAD.WIDE.U32
+    # for high and low word; as umulhi + mul it paired them less often, ~62 instructions a call in the FiSH forward
+    # against ~54) and the stream in the key's second word (the counter's other words 0: its first round folds).
     _ROUND_A, _ROUND_B = tl.constexpr(0xD2511F53), tl.constexpr(0xCD9E8D57)
     _KEY_A, _KEY_B = tl.constexpr(0x9E3779B9), tl.constexpr(0xBB67AE85)
-    _TWO_PI_2_32 = tl.constexpr(6.283185307179586 / 2**32)
-    _MINUS_2_LN2 = tl.constexpr(-2 * LN2)
-    # sin.approx / cos.approx (MUFU, |error| < 2^-20.9 on [-pi, pi], the angle's range here) on a GPU; the
-    # interpreter has no libdevice, so numpy's there (the same draws to float32's rounding).
-    _FAST_TRIG = tl.constexpr(not _INTERPRETED)
-    if not _INTERPRETED:
-        from triton.language.extra.cuda import libdevice as _libdevice
 
     @triton.jit
     def _mul_hi_lo(a, b: tl.constexpr):
@@ -247,14 +241,14 @@ if triton is not None:
         return (p >> 32).to(tl.uint32), p.to(tl.uint32)
 
     @triton.jit
-    def philox4(c0, c1, k0):
-        """The four 32-bit words of Philox4x32-10 for counters (c0, c1, 0, 0) (c0 uint32 of any shape, c1 a scalar)
-        and key (k0, 0)."""
-        c2 = c0 * 0
-        c3 = c2
-        c1 = c2 + c1.to(tl.uint32)
+    def philox4(c0, k0, k1):
+        """The four 32-bit words of Philox4x32-10 for counters (c0, 0, 0, 0) (c0 uint32 of any shape) and key (k0,
+        k1) (scalars)."""
+        c1 = c0 * 0
+        c2 = c1
+        c3 = c1
         k0 = k0.to(tl.uint32)
-        k1 = k0 * 0
+        k1 = k1.to(tl.uint32)
         for _ in tl.static_range(10):
             hi0, lo0 = _mul_hi_lo(c0, _ROUND_A)
             hi2, lo2 = _mul_hi_lo(c2, _ROUND_B)
@@ -263,27 +257,38 @@ if triton is not None:
             k1 = tl.add(k1, _KEY_B, sanitize_overflow=False)
         return c0, c1, c2, c3
 
+    _TWO_PI_2_32 = tl.constexpr(6.283185307179586 / 2**32)
+    _MINUS_2_LN2 = tl.constexpr(-2 * LN2)
+    # lg2.approx, sin.approx, cos.approx on a GPU: one MUFU each (relative error < 2^-22 for lg2, absolute < 2^-20.9
+    # for sin / cos on [-pi, pi], the angle's range here), where tl.log2 / tl.sin / tl.cos are libdevice's float32
+    # polynomials (~15 FMA each, sin / cos with a slow argument reduction); the interpreter has no libdevice, so
+    # numpy's there (the same draws to float32's rounding).
+    _FAST_MATH = tl.constexpr(not _INTERPRETED)
+    if not _INTERPRETED:
+        from triton.language.extra.cuda import libdevice as _libdevice
+
     @triton.jit
     def _box_muller(i, t):
         """Both normals of the Box-Muller transform of two 32-bit words: radius from i, uniform in (0, 1] as
         (i + 1/2) 2^-32 (never 0: the radius reaches 6.7 sigma); angle from t as a signed word, in [-pi, pi)."""
         u = i.to(tl.float32) * (1.0 / 2**32) + (0.5 / 2**32)
-        r = tl.sqrt(tl.log2(u) * _MINUS_2_LN2)
         theta = t.to(tl.int32, bitcast=True).to(tl.float32) * _TWO_PI_2_32
-        if _FAST_TRIG:
+        if _FAST_MATH:
+            r = tl.sqrt(_libdevice.fast_log2f(u) * _MINUS_2_LN2)
             return r * _libdevice.fast_cosf(theta), r * _libdevice.fast_sinf(theta)
+        r = tl.sqrt(tl.log2(u) * _MINUS_2_LN2)
         return r * tl.cos(theta), r * tl.sin(theta)
 
     @triton.jit
     def normal_tile(seed, stream, base, start_n, BLOCK_N: tl.constexpr):
         """Standard normals (R, BLOCK_N) for rows with counter bases `base` (R,) and the columns start_n + [0,
         BLOCK_N) (start_n a multiple of 4): element (r, n) is normal n % 4 of Philox's call at counter (base_r + n //
-        4, stream) under key (seed, 0). The second counter word tells draws apart (a batch x head): unlike seed +
-        offset keys, two calls' or heads' streams never overlap. Every word of a call is used (two Box-Muller pairs:
+        4, 0, 0, 0) under key (seed, stream). The key's second word tells draws apart (a batch x head): unlike seed
+        + offset keys, two calls' or heads' streams never overlap. Every word of a call is used (two Box-Muller pairs:
         four normals), where tl.randn uses one normal of a call and throws three words away; counter-based, so
         backward regenerates it."""
         c = (base[:, None] + (start_n // 4 + tl.arange(0, BLOCK_N // 4))[None, :]).to(tl.uint32)
-        i0, i1, i2, i3 = philox4(c, stream, seed)
+        i0, i1, i2, i3 = philox4(c, seed, stream)
         z0, z1 = _box_muller(i0, i1)
         z2, z3 = _box_muller(i2, i3)
         return tl.reshape(tl.join(tl.join(z0, z1), tl.join(z2, z3)), (base.shape[0], BLOCK_N))
