@@ -71,8 +71,15 @@ def noise_seed(generator, device):
     return int(torch.randint(0, 2**31 - 2**20, (), generator=generator, device=gen_device))
 
 
+def kv_rows(block_m):
+    """The query rows a linear dK / dV program's main-loop iteration covers: half of BLOCK_M (16 at least)."""
+    return max(16, int(block_m) // 2)
+
+
 if triton is not None:
     from . import attention_fish_triton_linear as _lin
+
+    KV_ROWS = triton.constexpr_function(kv_rows)
     from . import attention_fish_triton_network as _net
 
     # Each kernel takes both kinds of mixing (the same names, arguments and constants as before the split) and runs
@@ -117,8 +124,10 @@ if triton is not None:
                         SEED, NSEED, MP, HP, NOISE, PADDED, CAUSAL, DROPOUT, PREC, BLOCK_M, BLOCK_N, BLOCK_D,
                         BLOCK_DV)
         else:
+            # query blocks of half the rows: dK' (BLOCK_N x W) and dV in float32 take twice the baseline's
+            # accumulators, and at full blocks the tiles and the noise's words beside them spilled
             _lin.bwd_kv(Q, K, V, DO, LSE, DELTA, STD, KB, DK, DVO, N, S, H, P_DROP, SEED, NSEED, NOISE, PADDED,
-                        CAUSAL, DROPOUT, PREC, BLOCK_M, BLOCK_N, BLOCK_DV, MP * BLOCK_D)
+                        CAUSAL, DROPOUT, PREC, KV_ROWS(BLOCK_M), BLOCK_N, BLOCK_DV, MP * BLOCK_D)
 
     @triton.jit
     def _noise_kernel(E, N, S, M, H, NSEED, NETWORK: tl.constexpr, MP: tl.constexpr, BLOCK_M: tl.constexpr,

@@ -58,23 +58,48 @@ if triton is not None:
         return k, kb
 
     @triton.jit
+    def _per_row(x, T: tl.constexpr):
+        """A per-query-row vector broadcast over a tile: (BM, 1), or (1, BM) for a transposed (keys x rows) tile."""
+        if T:
+            y = x[None, :]
+        else:
+            y = x[:, None]
+        return y
+
+    @triton.jit
+    def _per_key(x, T: tl.constexpr):
+        """A per-key vector broadcast over a tile: (1, BN), or (BN, 1) for a transposed tile."""
+        if T:
+            y = x[:, None]
+        else:
+            y = x[None, :]
+        return y
+
+    @triton.jit
     def _scores(q, k, kb, b, j, H, offs_m, start_n, N, S, std, NSEED, NOISE: tl.constexpr, PADDED: tl.constexpr,
-                CAUSAL: tl.constexpr, EDGE: tl.constexpr, PREC: tl.constexpr, BLOCK_N: tl.constexpr):
-        """A_j of a tile (BM, BN) from the folded query q (BM, W) and keys k (BN, W): -inf where hidden, and the
-        tile's noise eps (A itself without noise). EDGE: the block may pass S or the causal diagonal (masked); else
-        no mask at all."""
-        a = _dot(q, tl.trans(k), PREC)
+                CAUSAL: tl.constexpr, EDGE: tl.constexpr, PREC: tl.constexpr, BLOCK_N: tl.constexpr,
+                T: tl.constexpr):
+        """A_j of a tile (BM, BN) from the folded query q (BM, W) and keys k (BN, W), or A_j^T (BN, BM) with T (the dK
+        / dV kernel's: keys as the products' rows, the tutorial's layout, every product a wgmma with its operands as
+        they come); -inf where hidden, and the tile's noise eps (A itself without noise). EDGE: the block may pass S
+        or the causal diagonal (masked); else no mask at all."""
+        if T:
+            a = _dot(k, tl.trans(q), PREC)
+        else:
+            a = _dot(q, tl.trans(k), PREC)
         eps = a
         if NOISE:
             eps = noise(NSEED, b, j, H, offs_m, start_n, S, BLOCK_N)
+            if T:
+                eps = tl.trans(eps)
             a += std * eps
         if PADDED:
-            a += kb[None, :]
+            a += _per_key(kb, T)
         if EDGE:
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            seen = (offs_n < S)[None, :]
+            offs_n = _per_key(start_n + tl.arange(0, BLOCK_N), T)
+            seen = offs_n < S
             if CAUSAL:  # bottom-right aligned: query i sees key j <= i + S - N
-                seen = seen & (offs_n[None, :] <= offs_m[:, None] + (S - N))
+                seen = seen & (offs_n <= _per_row(offs_m, T) + (S - N))
             a = tl.where(seen, a, float("-inf"))
         return a, eps
 
@@ -86,7 +111,7 @@ if triton is not None:
         """One key block of the online softmax (m_i, l_i, acc)."""
         k, kb = _key_tile(K, KB, b, start_n, S, PADDED, EDGE, BLOCK_N, W)
         a, _ = _scores(q, k, kb, b, j, H, offs_m, start_n, N, S, std, NSEED, NOISE, PADDED, CAUSAL, EDGE, PREC,
-                       BLOCK_N)
+                       BLOCK_N, False)
         m_new = tl.maximum(m_i, tl.max(a, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet: P stays 0
         p = tl.exp2((a - m_use[:, None]) * _LOG2E)
@@ -134,19 +159,24 @@ if triton is not None:
     @triton.jit
     def _grad_tile(q, k, kb, do, row_max, log2_l, delta, v, b, j, H, offs_m, start_n, N, S, std, P_DROP, SEED,
                    NSEED, NOISE: tl.constexpr, PADDED: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
-                   EDGE: tl.constexpr, PREC: tl.constexpr, BLOCK_N: tl.constexpr):
-        """What both backward kernels recompute for a tile: the weights P as the forward applied them to V (dropped),
-        dA and the noise eps."""
+                   EDGE: tl.constexpr, PREC: tl.constexpr, BLOCK_N: tl.constexpr, T: tl.constexpr):
+        """What both backward kernels recompute for a tile (transposed with T, as _scores): the weights P as the
+        forward applied them to V (dropped), dA and the noise eps."""
         a, eps = _scores(q, k, kb, b, j, H, offs_m, start_n, N, S, std, NSEED, NOISE, PADDED, CAUSAL, EDGE, PREC,
-                         BLOCK_N)
-        p = tl.exp2((a - row_max[:, None]) * _LOG2E - log2_l[:, None])
-        dp = _dot(do, tl.trans(v), PREC)
+                         BLOCK_N, T)
+        p = tl.exp2((a - _per_row(row_max, T)) * _LOG2E - _per_row(log2_l, T))
+        if T:
+            dp = _dot(v, tl.trans(do), PREC)
+        else:
+            dp = _dot(do, tl.trans(v), PREC)
         p_used = p
         if DROPOUT:  # d P_ij = mask_ij dO_i . v_j / (1 - p)
             kept = _keep(SEED, b * H + j, offs_m, start_n + tl.arange(0, BLOCK_N), S, P_DROP)
+            if T:
+                kept = tl.trans(kept)
             p_used = tl.where(kept, p / (1.0 - P_DROP), 0.0)
             dp = tl.where(kept, dp / (1.0 - P_DROP), 0.0)
-        return p_used, p * (dp - delta[:, None]), eps
+        return p_used, p * (dp - _per_row(delta, T)), eps
 
     @triton.jit
     def _value_tile(V, offs_n, S, EDGE: tl.constexpr, BLOCK_DV: tl.constexpr):
@@ -175,7 +205,7 @@ if triton is not None:
         v = _value_tile(V, start_n + tl.arange(0, BLOCK_N), S, EDGE, BLOCK_DV)
         k, kb = _key_tile(K, KB, b, start_n, S, PADDED, EDGE, BLOCK_N, W)
         _, da, eps = _grad_tile(q, k, kb, do, row_max, log2_l, delta, v, b, j, H, offs_m, start_n, N, S, std, P_DROP,
-                                SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT, EDGE, PREC, BLOCK_N)
+                                SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT, EDGE, PREC, BLOCK_N, False)
         if NOISE:
             dstd += tl.sum(da * eps, 1)
         return g + _dot(da.to(k.dtype), k, PREC), dstd
@@ -226,9 +256,9 @@ if triton is not None:
             q = tl.load(qp)
         do, row_max, log2_l, delta = _rows(DO, LSE, DELTA, offs_m, N, EDGE, BLOCK_DV)
         p_used, da, _ = _grad_tile(q, k, kb, do, row_max, log2_l, delta, v, b, j, H, offs_m, start_n, N, S, std,
-                                   P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT, EDGE, PREC, BLOCK_N)
-        dv += _dot(tl.trans(p_used).to(do.dtype), do, PREC)
-        dk += _dot(tl.trans(da).to(q.dtype), q, PREC)
+                                   P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT, EDGE, PREC, BLOCK_N, True)
+        dv += _dot(p_used.to(do.dtype), do, PREC)  # (BN, BM): P^T, dA^T as they come
+        dk += _dot(da.to(q.dtype), q, PREC)
         return dk, dv
 
     @triton.jit

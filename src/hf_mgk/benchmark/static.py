@@ -212,7 +212,9 @@ def launches(path, direction, target=90, dtype="bf16", head_size=64, blocks=None
     if direction == "forward":
         return [launch(aft._fwd_kernel, base, dtype, bm * bn, 1.0)]
     back = {**base, "HP": triton.next_power_of_2(LOCAL_HEADS)}
-    return [launch(aft._bwd_q_kernel, back, dtype, bm * bn, 1.0), launch(aft._bwd_kv_kernel, back, dtype, bm * bn, 1.0)]
+    kv_rows = bm if base["NETWORK"] else aft.kv_rows(bm)  # linear dK / dV: half the query rows an iteration
+    return [launch(aft._bwd_q_kernel, back, dtype, bm * bn, 1.0),
+            launch(aft._bwd_kv_kernel, back, dtype, kv_rows * bn, 1.0)]
 
 
 # ---- compile and count ----------------------------------------------------------------------------------------------
@@ -332,9 +334,12 @@ def compiled(ln, target):
         if not sass.stdout:
             raise RuntimeError(f"nvdisasm gave nothing for {ln.name}: {sass.stderr[-300:]}")
         info = res.stdout + res.stderr
-        regs, local = (re.search(rf"{w}:(\d+)", info) for w in ("REG", "LOCAL"))
+        # spilled bytes: ptxas puts spills in the stack frame (cuobjdump's STACK), LOCAL counts only local arrays;
+        # so local_bytes is the two together (a kernel with STACK > 0 and no calls spills: LDL / STL in its SASS)
+        regs, local, stack = (re.search(rf"{w}:(\d+)", info) for w in ("REG", "LOCAL", "STACK"))
         _CACHE[key] = (dict(regs=int(regs.group(1)) if regs else None,
-                            local_bytes=int(local.group(1)) if local else None, shared=k.metadata.shared), sass.stdout)
+                            local_bytes=int(local.group(1)) + int(stack.group(1) if stack else 0) if local else None,
+                            shared=k.metadata.shared), sass.stdout)
     return _CACHE[key]
 
 
