@@ -282,8 +282,9 @@ if triton is not None:
     @triton.jit
     def normal_tile(seed, stream, base, start_n, BLOCK_N: tl.constexpr):
         """Standard normals (R, BLOCK_N) for rows with counter bases `base` (R,) and the columns start_n + [0,
-        BLOCK_N) (start_n a multiple of 4): element (r, n) is normal n % 4 of Philox's call at counter (base_r + n //
-        4, 0, 0, 0) under key (seed, stream). The key's second word tells draws apart (a batch x head): unlike seed
+        BLOCK_N) (start_n a multiple of 4): element (r, n) is normal (0, 2, 1, 3)[n % 4] of Philox's call at counter
+        (base_r + n // 4, 0, 0, 0) under key (seed, stream), normals 0, 1 the Box-Muller pair of words 0, 1 and 2, 3
+        that of words 2, 3 (the order tl.join's nesting gives). The key's second word tells draws apart (a batch x head): unlike seed
         + offset keys, two calls' or heads' streams never overlap. Every word of a call is used (two Box-Muller pairs:
         four normals), where tl.randn uses one normal of a call and throws three words away; counter-based, so
         backward regenerates it."""
