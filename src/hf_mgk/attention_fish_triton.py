@@ -12,23 +12,28 @@ Nguyen et al., "Improving Transformer with an Admixture of Attention Heads" (Neu
 `attention_fish.fish_attention` (backend="triton") calls `fish_triton`. The flash pattern: Dao et al.,
 "FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness" (NeurIPS 2022), Alg. 1 and 2.
 
-Every kernel holds the M global heads of a tile as one (M, rows, keys) block, from one batched product of the
-(M, rows, D) queries with the (M, keys, D) keys; the local heads' scores are formed from it in registers (the
-network per tile, its hidden layer recomputed where needed), so nothing of size N x S is written.
+Each kernel (forward, dQ, dK / dV) takes both kinds of mixing and runs one body for it, so nothing of size N x S
+is written:
+* linear mixing (attention_fish_triton_linear): folded into the query, A_j = q'_j . k' with q'_j = concat_k(scale
+  w_kj q_k) and k' = concat_k(k_k) formed here (`_fold`, `_concat_keys`): local head j is flash attention of depth
+  M D (padded per head to BLOCK_D) with its own V, every product one 2-D tl.dot (wgmma on sm_90), nothing per pair
+  for the mixing; the noise std_j eps_j added to A. dQ per (batch x local head, block of rows) writes G_j = dA_j k'
+  and torch forms dq = scale sum_j w_kj G_jk and dw_kj = scale sum q_k . G_jk (O(H N M D)); dK / dV per (batch,
+  block of keys) over the local heads and query blocks, keys as the products' rows, dk' = sum_j dA_j^T q'_j.
+* a network ((hard) GFiSH, attention_fish_triton_network): the M global heads of a tile as one (MP, rows, keys)
+  block from a batched product, the network per tile in registers; dQ per (batch, block of rows) with each
+  program's shares of the network's gradients, dK / dV per (batch, block of keys).
 * Forward: one program per (batch x local head, block of query rows), one pass over the key blocks with an online
   row maximum m, exp2 of (A - m) log2(e). Saved per row: m and log2 of the softmax's sum (+inf and 0 for a row
   that sees no key, whose output is 0); backward forms P = exp2((A - m) log2(e) - log2 l): A - m is exact near the
   maximum, where P matters, whereas one log-sum-exp (A log2(e) - lse) rounds at the size of |A| (measured: 20x the
-  reference's float32 error in a cancelling gradient, sigma's, with scores of ~20).
-* Backward, with delta_j = dO_j . out_j (torch) and dA_j = P_j (dO_j . v_j - delta_j):
-  dQ per (batch, block of query rows), looping over the local heads and the key blocks; it also sums the mixing's
-  gradients (dw_kj = sum dA_j X_k, dstd_j = sum dA_j eps_j; the network's dW1, db1, dW2, db2, dsigma) per program,
-  summed over programs in torch. dK and dV per (batch, block of keys), looping over the local heads and the query
-  blocks (dV of each local head written once, dK summed over the heads in registers).
-* Noise and dropout are counter-based draws (attention_triton): noise eps_j = tl.randn(seed + b H + j, n S + s)
-  for linear mixing, eps_k = tl.randn(seed + b, (k N + n) S + s) for a network; the dropout mask
-  tl.rand(seed' + b H + j, n S + s). The seeds: one per call from the caller's generator (noise) and from torch's
-  (dropout). Backward regenerates both; 32-bit counters bound N S (M N S for a network's noise) below 2^31.
+  reference's float32 error in a cancelling gradient, sigma's, with scores of ~20). The output is computed in
+  float32 and rounded afterwards, so that backward's delta_j = dO_j . out_j (torch) is the unrounded output's.
+* Noise and dropout are counter-based draws (attention_triton): the noise attention_triton.normal_tile (Philox4x32-10
+  under key (seed, stream), all four words of a call used: two Box-Muller pairs), stream b H + j for linear mixing
+  (one normal per pair and local head), b for a network (rows k N + n: one per pair and global head); the dropout
+  mask tl.rand(seed' + b H + j, n S + s). The seeds: one per call from the caller's generator (noise) and from
+  torch's (dropout). Backward regenerates both; 32-bit counters bound N S (M N S for a network's noise) below 2^31.
 
 Torch, and Triton where it is installed (this file travels next to remote-code model files; without Triton the
 other backends run). On CPU tensors the kernels run in Triton's interpreter (TRITON_INTERPRET=1 set before the

@@ -199,10 +199,11 @@ def launches(path, direction, target=90, dtype="bf16", head_size=64, blocks=None
                        name="_bwd_dq_kernel (delta)"),
                 launch(amt._bwd_dq_kernel, {**base, "MP": mp, "WITH_DQ": True}, dtype, bm * bn, 0.5),
                 launch(amt._bwd_dkv_kernel, base, dtype, bm * bn, 0.5 * GLOBAL_HEADS)]
-    # FiSH: forward per (batch x local head, query block) over key blocks; dQ per (batch, query block) over the H
-    # local heads and, for each, the key blocks; dK / dV per (batch, key block) over the heads and the query blocks.
-    # Each inner iteration covers one local head's block of pairs, once per pass: 1.0 per pair and local head, and
-    # FiSH's H local heads stand against softmax's H heads
+    # FiSH: forward per (batch x local head, query block) over key blocks; dQ per (batch x local head, query block)
+    # over the key blocks (linear mixing; a network's per (batch, query block) over the H local heads and, for each,
+    # the key blocks); dK / dV per (batch, key block) over the heads and the query blocks (linear: blocks of
+    # aft.kv_rows(BLOCK_M) rows). Each inner iteration covers one local head's block of pairs, once per pass: 1.0 per
+    # pair and local head, and FiSH's H local heads stand against softmax's H heads
     kind = "fish" if path == "mish" else path
     bm, bn = blocks or aft.block_sizes("cuda", GLOBAL_HEADS, head_size, head_size, torch_dtype, shared)
     base = dict(MP=triton.next_power_of_2(GLOBAL_HEADS), NETWORK=kind.endswith("gfish"),
