@@ -215,6 +215,10 @@ class _TritonFiSH(torch.autograd.Function):
         b, m, n, d = q.shape
         h, s, dv = v.shape[1], v.shape[2], v.shape[3]
         network = w1 is not None
+        if network:  # W1's columns and sigma padded to MP with zeros: the kernels read them unmasked
+            mp = triton.next_power_of_2(q.shape[1])
+            w1 = torch.nn.functional.pad(w1, (0, mp - w1.shape[1]))
+            sigma = None if sigma is None else torch.nn.functional.pad(sigma, (0, mp - sigma.shape[0]))
         block_m, block_n = block_sizes(q.device.type, m, d, dv, q.dtype, shared_memory(q.device))
         dummy = q.new_zeros(1, dtype=torch.float32)
         tensors = [t if t is not None else dummy for t in (w, std, sigma, w1, b1, w2, b2, kb)]
