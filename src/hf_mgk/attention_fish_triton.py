@@ -182,7 +182,7 @@ def _fold(q, w, scale, width):
 
 
 def _concat_keys(k, width):
-    """k' (B, S, width): concat_k(k_k), each head's columns padded as `_fold`'s."""
+    """k' (B, S, width): concat_k(k_k), each head's columns padded as `_fold`'s (also a network's q and k)."""
     b, m, s, d = k.shape
     mp = triton.next_power_of_2(m)
     out = k.new_zeros(b, s, mp, width // mp)
@@ -235,7 +235,8 @@ class _TritonFiSH(torch.autograd.Function):
                       BLOCK_DV=consts_dv(dv))
         runtime = (n, s, d, dv, m, h, float(scale), float(dropout_p), seed, nseed)
         width = consts["MP"] * consts["BLOCK_D"]
-        qkv = (q, k, v) if network else (_fold(q, w, scale, width), _concat_keys(k, width), _pad(v, width_v))
+        qkv = ((_concat_keys(q, width), _concat_keys(k, width), v) if network
+               else (_fold(q, w, scale, width), _concat_keys(k, width), _pad(v, width_v)))
         _fwd_kernel[(b * h, triton.cdiv(n, block_m))](*qkv, *tensors, out, lse, *runtime, **consts)
         out = out[..., :dv]
         ctx.save_for_backward(q, k, v, out, lse, *tensors)
@@ -254,11 +255,12 @@ class _TritonFiSH(torch.autograd.Function):
         delta = (dout.float() * out.float()).sum(-1).contiguous()
         f32 = dict(dtype=torch.float32, device=q.device)
         q_blocks, k_blocks = triton.cdiv(n, consts["BLOCK_M"]), triton.cdiv(s, consts["BLOCK_N"])
-        if consts["NETWORK"]:
-            programs, heads, qkv = b * q_blocks, b, (q, k, v)
-            dq, dk = torch.empty(b, m, n, d, **f32), torch.empty(b, m, s, d, **f32)
+        width = mp * consts["BLOCK_D"]
+        if consts["NETWORK"]:  # q and k with their heads side by side (padded), dq and dk likewise
+            programs, heads, qkv = b * q_blocks, b, (_concat_keys(q, width), _concat_keys(k, width), v)
+            dq, dk = torch.empty(b, n, width, **f32), torch.empty(b, s, width, **f32)
         else:  # G_j = dL/dq'_j per local head, dk' (module docstring); V and dO padded to BLOCK_DV
-            programs, heads, width = b * h * q_blocks, b * h, mp * consts["BLOCK_D"]
+            programs, heads = b * h * q_blocks, b * h
             qkv = (_fold(q, tensors[0], scale, width), _concat_keys(k, width), _pad(v, consts_dv(dv_size)))
             dq, dk = torch.empty(b, h, n, width, **f32), torch.empty(b, s, width, **f32)
             dout = _pad(dout, consts_dv(dv_size))
@@ -274,6 +276,7 @@ class _TritonFiSH(torch.autograd.Function):
         if consts["NETWORK"]:
             grads = [None, None, dsigp.sum(0)[:m], dw1p.sum(0)[:h, :m], db1p.sum(0)[:h], dw2p.sum(0)[:, :h],
                      db2p.sum(0)]
+            dq, dk = _unfold(dq, m, d), _unfold(dk, m, d)
         else:  # dq_k = scale sum_j w_kj G_jk, dw_kj = scale sum q_k . G_jk, dstd_j = sum of its programs' shares
             g, w = _unfold(dq, m, d), tensors[0]  # (B, H, M, N, D)
             dq = torch.einsum("bhknd,kh->bknd", g, w * scale)

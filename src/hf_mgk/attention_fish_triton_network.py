@@ -6,7 +6,8 @@ kernels (which dispatch on NETWORK): the forward per (batch x local head, block 
 of query rows) over the local heads and key blocks, with each program's shares of dW1, db1, dW2, db2 and dsigma
 (summed in torch); dK / dV per (batch, block of keys) over the local heads and query blocks. Masks only on edge
 blocks (attention_triton.free_keys_end / free_queries_start). The noise eps_k: attention_triton.normal_tile under the
-call's seed, stream b, rows' counter bases (k N + n) ceil(S / 4).
+call's seed, stream b, rows' counter bases (k N + n) ceil(S / 4). q and k come as (B, N|S, MP BLOCK_D), each head's
+columns padded (attention_fish_triton._concat_keys), dq and dk go out so.
 
 Torch-free Triton code (this file travels next to remote-code model files with attention_fish_triton).
 """
@@ -38,14 +39,18 @@ if triton is not None:
         return _normal_tile(NSEED, b, (k * N + offs_m) * ((S + 3) // 4), start_n, BLOCK_N)
 
     @triton.jit
-    def _heads(X, offs_r, R, M, D, MP: tl.constexpr, BLOCK_D: tl.constexpr):
-        """The (BR, BLOCK_D) tiles of rows offs_r of global heads 0..MP-1 of a batch's (M, R, D) block at X, zero
-        outside it (heads past M, rows past R, columns past D), as a tuple."""
+    def _heads(X, offs_r, R, EDGE: tl.constexpr, MP: tl.constexpr, BLOCK_D: tl.constexpr):
+        """The (BR, BLOCK_D) tiles of rows offs_r of global heads 0..MP-1, as a tuple, from a batch's (R, MP BLOCK_D)
+        block at X (each head's columns padded with zeros in torch, as the linear kernels' k'): no column masks, rows
+        bounded only on an EDGE block."""
         offs_d = tl.arange(0, BLOCK_D)
         tiles = ()
         for k in tl.static_range(MP):
-            mask = (offs_r < R)[:, None] & ((offs_d < D) & (offs_d * 0 + k < M))[None, :]
-            tiles = tiles + (tl.load(X + (k * R + offs_r[:, None]) * D + offs_d[None, :], mask=mask, other=0.0),)
+            ptr = X + offs_r[:, None] * (MP * BLOCK_D) + k * BLOCK_D + offs_d[None, :]
+            if EDGE:
+                tiles = tiles + (tl.load(ptr, mask=(offs_r < R)[:, None], other=0.0),)
+            else:
+                tiles = tiles + (tl.load(ptr),)
         return tiles
 
     @triton.jit
@@ -120,7 +125,7 @@ if triton is not None:
                   BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MP: tl.constexpr):
         """One key block of the online softmax (m_i, l_i, acc)."""
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        ks = _heads(K, offs_n, S, M, D, MP, BLOCK_D)
+        ks = _heads(K, offs_n, S, EDGE, MP, BLOCK_D)
         xs, _ = _globals(qs, ks, b, offs_m, start_n, N, S, M, scale, SIG, NSEED, NOISE, PREC, BLOCK_N, MP)
         a = _mixed(xs, b, j, offs_m, start_n, N, S, M, H, W1, B1, W2, B2, KB, PADDED, CAUSAL, EDGE, BLOCK_N, MP)
         m_new = tl.maximum(m_i, tl.max(a, 1))
@@ -143,12 +148,12 @@ if triton is not None:
         bh = tl.program_id(0)  # 32-bit: the dropout draws' key
         b, j = bh // H, bh % H
         bh64 = bh.to(tl.int64)  # the bases' offsets in 64 bits (B H N D passes 2^31), the tiles' in 32
-        Q, K = Q + b.to(tl.int64) * M * N * D, K + b.to(tl.int64) * M * S * D
+        Q, K = Q + b.to(tl.int64) * N * (MP * BLOCK_D), K + b.to(tl.int64) * S * (MP * BLOCK_D)
         V, O, LSE = V + bh64 * S * DV, O + bh64 * N * DV, LSE + bh64 * N * 2
         start_m = tl.program_id(1) * BLOCK_M
         offs_m = start_m + tl.arange(0, BLOCK_M)
         offs_dv = tl.arange(0, BLOCK_DV)
-        qs = _heads(Q, offs_m, N, M, D, MP, BLOCK_D)
+        qs = _heads(Q, offs_m, N, True, MP, BLOCK_D)
         m_i, l_i, acc = _softmax_state(BLOCK_M, BLOCK_DV)
         free = _free_keys_end(start_m, BLOCK_N, N, S, CAUSAL)
         for start_n in range(0, free, BLOCK_N):
@@ -201,7 +206,7 @@ if triton is not None:
                  EDGE: tl.constexpr, PREC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                  BLOCK_DV: tl.constexpr, MP: tl.constexpr):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        ks = _heads(K, offs_n, S, M, D, MP, BLOCK_D)
+        ks = _heads(K, offs_n, S, EDGE, MP, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
         v = tl.load(V + offs_n[:, None] * DV + offs_dv[None, :], mask=(offs_n < S)[:, None] & (offs_dv < DV)[None, :],
                     other=0.0)
@@ -226,12 +231,12 @@ if triton is not None:
         gradients (per local head into DW2P / DB2P, summed over the heads into DW1P / DB1P / DSIGP)."""
         b = tl.program_id(0)
         b64 = b.to(tl.int64)  # the bases' offsets in 64 bits (B H N D passes 2^31), the tiles' in 32
-        Q, K, DQ = Q + b64 * M * N * D, K + b64 * M * S * D, DQ + b64 * M * N * D
+        Q, K, DQ = Q + b64 * N * (MP * BLOCK_D), K + b64 * S * (MP * BLOCK_D), DQ + b64 * N * (MP * BLOCK_D)
         prog = b * tl.num_programs(1) + tl.program_id(1)
         start_m = tl.program_id(1) * BLOCK_M
         offs_m = start_m + tl.arange(0, BLOCK_M)
         offs_k, offs_h = tl.arange(0, MP), tl.arange(0, HP)
-        qs = _heads(Q, offs_m, N, M, D, MP, BLOCK_D)
+        qs = _heads(Q, offs_m, N, True, MP, BLOCK_D)
         dqs = ()
         for k in tl.static_range(MP):
             dqs = dqs + (tl.zeros([BLOCK_M, BLOCK_D], tl.float32),)
@@ -260,9 +265,9 @@ if triton is not None:
             tl.store(DW2P + (prog * H + j) * HP + offs_h, dw2)
             tl.store(DB2P + prog * H + j, tl.sum(db2))
         offs_d = tl.arange(0, BLOCK_D)
-        for k in tl.static_range(MP):
-            tl.store(DQ + (k * N + offs_m[:, None]) * D + offs_d[None, :], dqs[k] * scale,
-                     mask=(offs_m < N)[:, None] & ((offs_d < D) & (offs_d * 0 + k < M))[None, :])
+        for k in tl.static_range(MP):  # into (B, N, MP BLOCK_D), as q was given
+            tl.store(DQ + offs_m[:, None] * (MP * BLOCK_D) + k * BLOCK_D + offs_d[None, :], dqs[k] * scale,
+                     mask=(offs_m < N)[:, None])
         tl.store(DW1P + (prog * HP + offs_h[:, None]) * MP + offs_k[None, :], dw1)
         tl.store(DB1P + prog * HP + offs_h, db1)
         tl.store(DSIGP + prog * MP + offs_k, dsig)
@@ -274,7 +279,7 @@ if triton is not None:
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                   MP: tl.constexpr):
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        qs = _heads(Q, offs_m, N, M, D, MP, BLOCK_D)
+        qs = _heads(Q, offs_m, N, EDGE, MP, BLOCK_D)
         do, row_max, log2_l, delta = _rows(DO, LSE, DELTA, offs_m, N, DV, BLOCK_DV)
         xs, _, p_used, da = _tile_grad(qs, ks, do, row_max, log2_l, delta, v, b, j, offs_m, start_n, N, S, M, H, scale,
                                        SIG, W1, B1, W2, B2, KB, P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT,
@@ -296,13 +301,13 @@ if triton is not None:
         """For one block of keys: dk_k = scale sum_j sum_i dX_jk^T q_k and each local head's dv_j = P_j^T dO_j."""
         b = tl.program_id(0)
         b64 = b.to(tl.int64)  # the bases' offsets in 64 bits (B H N D passes 2^31), the tiles' in 32
-        Q, K, DK = Q + b64 * M * N * D, K + b64 * M * S * D, DK + b64 * M * S * D
+        Q, K, DK = Q + b64 * N * (MP * BLOCK_D), K + b64 * S * (MP * BLOCK_D), DK + b64 * S * (MP * BLOCK_D)
         start_n = tl.program_id(1) * BLOCK_N
         offs_n = start_n + tl.arange(0, BLOCK_N)
         offs_k, offs_h = tl.arange(0, MP), tl.arange(0, HP)
         offs_dv = tl.arange(0, BLOCK_DV)
         cols = offs_n < S
-        ks = _heads(K, offs_n, S, M, D, MP, BLOCK_D)
+        ks = _heads(K, offs_n, S, True, MP, BLOCK_D)
         dks = ()
         for k in tl.static_range(MP):
             dks = dks + (tl.zeros([BLOCK_N, BLOCK_D], tl.float32),)
@@ -330,6 +335,6 @@ if triton is not None:
             tl.store(DVO + bh * S * DV + offs_n[:, None] * DV + offs_dv[None, :], dv,
                      mask=cols[:, None] & (offs_dv < DV)[None, :])
         offs_d = tl.arange(0, BLOCK_D)
-        for k in tl.static_range(MP):
-            tl.store(DK + (k * S + offs_n[:, None]) * D + offs_d[None, :], dks[k] * scale,
-                     mask=cols[:, None] & ((offs_d < D) & (offs_d * 0 + k < M))[None, :])
+        for k in tl.static_range(MP):  # into (B, S, MP BLOCK_D), as k was given
+            tl.store(DK + offs_n[:, None] * (MP * BLOCK_D) + k * BLOCK_D + offs_d[None, :], dks[k] * scale,
+                     mask=cols[:, None])
