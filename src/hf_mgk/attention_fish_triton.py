@@ -98,7 +98,7 @@ if triton is not None:
                     CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
         if NETWORK:
-            _net.fwd(Q, K, V, SIG, W1, B1, W2, B2, KB, O, LSE, N, S, D, DV, M, H, scale, P_DROP, SEED, NSEED, MP,
+            _net.fwd(Q, K, V, SIG, W1, B1, W2, B2, KB, O, LSE, N, S, D, BLOCK_DV, M, H, scale, P_DROP, SEED, NSEED, MP,
                      NOISE, PADDED, CAUSAL, DROPOUT, PREC, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
         else:
             _lin.fwd(Q, K, V, STD, KB, O, LSE, N, S, H, P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT, PREC,
@@ -112,7 +112,7 @@ if triton is not None:
                       BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
         if NETWORK:
             _net.bwd_q(Q, K, V, DO, LSE, DELTA, SIG, W1, B1, W2, B2, KB, DQ, DW1P, DB1P, DW2P, DB2P, DSIGP, N, S, D,
-                       DV, M, H, scale, P_DROP, SEED, NSEED, MP, HP, NOISE, PADDED, CAUSAL, DROPOUT, PREC, BLOCK_M,
+                       BLOCK_DV, M, H, scale, P_DROP, SEED, NSEED, MP, HP, NOISE, PADDED, CAUSAL, DROPOUT, PREC, BLOCK_M,
                        BLOCK_N, BLOCK_D, BLOCK_DV)
         else:
             _lin.bwd_q(Q, K, V, DO, LSE, DELTA, STD, KB, DQ, DSP, N, S, H, P_DROP, SEED, NSEED, NOISE, PADDED,
@@ -125,7 +125,7 @@ if triton is not None:
                        PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                        BLOCK_DV: tl.constexpr):
         if NETWORK:
-            _net.bwd_kv(Q, K, V, DO, LSE, DELTA, SIG, W1, B1, W2, B2, KB, DK, DVO, N, S, D, DV, M, H, scale, P_DROP,
+            _net.bwd_kv(Q, K, V, DO, LSE, DELTA, SIG, W1, B1, W2, B2, KB, DK, DVO, N, S, D, BLOCK_DV, M, H, scale, P_DROP,
                         SEED, NSEED, MP, HP, NOISE, PADDED, CAUSAL, DROPOUT, PREC, BLOCK_M, BLOCK_N, BLOCK_D,
                         BLOCK_DV)
         else:
@@ -225,7 +225,7 @@ class _TritonFiSH(torch.autograd.Function):
         # the output in float32, rounded to the compute dtype afterwards: backward's delta = dO . out from the
         # unrounded output (from the rounded one, half precision's rounding enters every row's dA, and sigma's
         # gradient, a cancelling sum over the pairs, amplified it past its tolerance in tests)
-        width_v = dv if network else consts_dv(dv)
+        width_v = consts_dv(dv)
         out = torch.empty(b, h, n, width_v, dtype=torch.float32, device=q.device)
         lse = torch.empty(b, h, n, 2, dtype=torch.float32, device=q.device)
         consts = dict(MP=triton.next_power_of_2(m), NETWORK=network,
@@ -235,8 +235,8 @@ class _TritonFiSH(torch.autograd.Function):
                       BLOCK_DV=consts_dv(dv))
         runtime = (n, s, d, dv, m, h, float(scale), float(dropout_p), seed, nseed)
         width = consts["MP"] * consts["BLOCK_D"]
-        qkv = ((_concat_keys(q, width), _concat_keys(k, width), v) if network
-               else (_fold(q, w, scale, width), _concat_keys(k, width), _pad(v, width_v)))
+        qkv = (_concat_keys(q, width) if network else _fold(q, w, scale, width), _concat_keys(k, width),
+               _pad(v, width_v))
         _fwd_kernel[(b * h, triton.cdiv(n, block_m))](*qkv, *tensors, out, lse, *runtime, **consts)
         out = out[..., :dv]
         ctx.save_for_backward(q, k, v, out, lse, *tensors)
@@ -256,14 +256,14 @@ class _TritonFiSH(torch.autograd.Function):
         f32 = dict(dtype=torch.float32, device=q.device)
         q_blocks, k_blocks = triton.cdiv(n, consts["BLOCK_M"]), triton.cdiv(s, consts["BLOCK_N"])
         width = mp * consts["BLOCK_D"]
+        dout, dk = _pad(dout, consts_dv(dv_size)), torch.empty(b, s, width, **f32)  # V, dO rows of BLOCK_DV
         if consts["NETWORK"]:  # q and k with their heads side by side (padded), dq and dk likewise
-            programs, heads, qkv = b * q_blocks, b, (_concat_keys(q, width), _concat_keys(k, width), v)
-            dq, dk = torch.empty(b, n, width, **f32), torch.empty(b, s, width, **f32)
-        else:  # G_j = dL/dq'_j per local head, dk' (module docstring); V and dO padded to BLOCK_DV
-            programs, heads = b * h * q_blocks, b * h
-            qkv = (_fold(q, tensors[0], scale, width), _concat_keys(k, width), _pad(v, consts_dv(dv_size)))
-            dq, dk = torch.empty(b, h, n, width, **f32), torch.empty(b, s, width, **f32)
-            dout = _pad(dout, consts_dv(dv_size))
+            programs, heads, qw = b * q_blocks, b, _concat_keys(q, width)
+            dq = torch.empty(b, n, width, **f32)
+        else:  # G_j = dL/dq'_j per local head, dk' (module docstring)
+            programs, heads, qw = b * h * q_blocks, b * h, _fold(q, tensors[0], scale, width)
+            dq = torch.empty(b, h, n, width, **f32)
+        qkv = (qw, _concat_keys(k, width), _pad(v, consts_dv(dv_size)))
         dv = torch.empty(b, h, s, qkv[2].shape[-1], **f32)
         dsp = torch.zeros(programs, **f32)
         dw1p, db1p = torch.zeros(programs, hp, mp, **f32), torch.zeros(programs, hp, **f32)
@@ -276,13 +276,13 @@ class _TritonFiSH(torch.autograd.Function):
         if consts["NETWORK"]:
             grads = [None, None, dsigp.sum(0)[:m], dw1p.sum(0)[:h, :m], db1p.sum(0)[:h], dw2p.sum(0)[:, :h],
                      db2p.sum(0)]
-            dq, dk = _unfold(dq, m, d), _unfold(dk, m, d)
+            dq = _unfold(dq, m, d)
         else:  # dq_k = scale sum_j w_kj G_jk, dw_kj = scale sum q_k . G_jk, dstd_j = sum of its programs' shares
             g, w = _unfold(dq, m, d), tensors[0]  # (B, H, M, N, D)
             dq = torch.einsum("bhknd,kh->bknd", g, w * scale)
             dw = torch.einsum("bhknd,bknd->kh", g, q.float()) * scale
             grads = [dw, dsp.view(b, h, q_blocks).sum((0, 2)), None, None, None, None, None]
-            dk = _unfold(dk, m, d)
+        dk = _unfold(dk, m, d)
         grads = [g if given else None for g, given in zip(grads, ctx.given)]
         return (dq.to(q.dtype), dk.to(k.dtype), dv[..., :dv_size].to(v.dtype), *grads, None, None, None, None, None, None)
 

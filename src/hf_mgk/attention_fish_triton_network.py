@@ -7,7 +7,8 @@ of query rows) over the local heads and key blocks, with each program's shares o
 (summed in torch); dK / dV per (batch, block of keys) over the local heads and query blocks. Masks only on edge
 blocks (attention_triton.free_keys_end / free_queries_start). The noise eps_k: attention_triton.normal_tile under the
 call's seed, stream b, rows' counter bases (k N + n) ceil(S / 4). q and k come as (B, N|S, MP BLOCK_D), each head's
-columns padded (attention_fish_triton._concat_keys), dq and dk go out so.
+columns padded (attention_fish_triton._concat_keys), dq and dk go out so; V, dO, the output and dV with rows of
+BLOCK_DV (DV is BLOCK_DV here: the dispatching kernels pass it so, torch pads), as the linear kernels'.
 
 Torch-free Triton code (this file travels next to remote-code model files with attention_fish_triton).
 """
@@ -15,6 +16,7 @@ Torch-free Triton code (this file travels next to remote-code model files with a
 from .attention_triton import LOG2E, tl, triton
 
 if triton is not None:
+    from .attention_fish_triton_linear import _rows, _value_tile
     from .attention_triton import dot as _dot
     from .attention_triton import free_keys_end as _free_keys_end
     from .attention_triton import free_queries_start as _free_queries_start
@@ -133,9 +135,7 @@ if triton is not None:
         p = tl.exp2((a - m_use[:, None]) * _LOG2E)
         alpha = tl.exp2((m_i - m_use) * _LOG2E)
         l_i = l_i * alpha + tl.sum(p, 1)
-        offs_dv = tl.arange(0, BLOCK_DV)
-        v = tl.load(V + offs_n[:, None] * DV + offs_dv[None, :],
-                    mask=(offs_n < S)[:, None] & (offs_dv < DV)[None, :], other=0.0)
+        v = _value_tile(V, offs_n, S, EDGE, BLOCK_DV)
         if DROPOUT:  # the weights dropped after the normalisation: l sums the undropped P
             p = tl.where(_keep(SEED, bh, offs_m, offs_n, S, P_DROP), p / (1.0 - P_DROP), 0.0)
         return m_new, l_i, acc * alpha[:, None] + _dot(p.to(v.dtype), v, PREC)
@@ -190,16 +190,6 @@ if triton is not None:
         return xs, epss, p_used, p * (dp - delta[:, None])
 
     @triton.jit
-    def _rows(DO, LSE, DELTA, offs_m, N, DV, BLOCK_DV: tl.constexpr):
-        """A block of rows' dO, saved row maximum and log2 of the sum, and delta (rows past N: dO 0, max +inf)."""
-        rows = offs_m < N
-        offs_dv = tl.arange(0, BLOCK_DV)
-        do = tl.load(DO + offs_m[:, None] * DV + offs_dv[None, :], mask=rows[:, None] & (offs_dv < DV)[None, :],
-                     other=0.0)
-        return (do, tl.load(LSE + offs_m * 2, mask=rows, other=float("inf")),
-                tl.load(LSE + offs_m * 2 + 1, mask=rows, other=0.0), tl.load(DELTA + offs_m, mask=rows, other=0.0))
-
-    @triton.jit
     def _dq_step(qs, dqs, K, V, do, row_max, log2_l, delta, SIG, W1, B1, W2, B2, KB, b, j, offs_m, offs_h, offs_k,
                  start_n, N, S, D, DV, M, H, scale, dw1, db1, dw2, db2, dsig, P_DROP, SEED, NSEED,
                  NOISE: tl.constexpr, PADDED: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
@@ -207,9 +197,7 @@ if triton is not None:
                  BLOCK_DV: tl.constexpr, MP: tl.constexpr):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         ks = _heads(K, offs_n, S, EDGE, MP, BLOCK_D)
-        offs_dv = tl.arange(0, BLOCK_DV)
-        v = tl.load(V + offs_n[:, None] * DV + offs_dv[None, :], mask=(offs_n < S)[:, None] & (offs_dv < DV)[None, :],
-                    other=0.0)
+        v = _value_tile(V, offs_n, S, EDGE, BLOCK_DV)
         xs, epss, _, da = _tile_grad(qs, ks, do, row_max, log2_l, delta, v, b, j, offs_m, start_n, N, S, M, H, scale,
                                      SIG, W1, B1, W2, B2, KB, P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT,
                                      EDGE, PREC, BLOCK_N, MP)
@@ -248,7 +236,7 @@ if triton is not None:
         for j in range(H):
             bh = b64 * H + j
             Vj = V + bh * S * DV
-            do, row_max, log2_l, delta = _rows(DO + bh * N * DV, LSE + bh * N * 2, DELTA + bh * N, offs_m, N, DV,
+            do, row_max, log2_l, delta = _rows(DO + bh * N * DV, LSE + bh * N * 2, DELTA + bh * N, offs_m, N, True,
                                                BLOCK_DV)
             db2 = tl.zeros([BLOCK_M], tl.float32)
             dw2 = tl.zeros([HP], tl.float32)
@@ -280,7 +268,7 @@ if triton is not None:
                   MP: tl.constexpr):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         qs = _heads(Q, offs_m, N, EDGE, MP, BLOCK_D)
-        do, row_max, log2_l, delta = _rows(DO, LSE, DELTA, offs_m, N, DV, BLOCK_DV)
+        do, row_max, log2_l, delta = _rows(DO, LSE, DELTA, offs_m, N, EDGE, BLOCK_DV)
         xs, _, p_used, da = _tile_grad(qs, ks, do, row_max, log2_l, delta, v, b, j, offs_m, start_n, N, S, M, H, scale,
                                        SIG, W1, B1, W2, B2, KB, P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT,
                                        EDGE, PREC, BLOCK_N, MP)
