@@ -77,7 +77,8 @@ def noise_seed(generator, device):
 
 
 def kv_rows(block_m):
-    """The query rows a linear dK / dV program's main-loop iteration covers: half of BLOCK_M (16 at least)."""
+    """The query rows a dK / dV program's main-loop iteration covers (and the keys of a network's dQ iteration): half
+    of the block (16 at least)."""
     return max(16, int(block_m) // 2)
 
 
@@ -110,10 +111,10 @@ if triton is not None:
                       NETWORK: tl.constexpr, NOISE: tl.constexpr, PADDED: tl.constexpr, CAUSAL: tl.constexpr,
                       DROPOUT: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-        if NETWORK:
+        if NETWORK:  # blocks of half the keys: the MP tiles of X and of dX beside the dQ accumulators spilled
             _net.bwd_q(Q, K, V, DO, LSE, DELTA, SIG, W1, B1, W2, B2, KB, DQ, DW1P, DB1P, DW2P, DB2P, DSIGP, N, S, D,
                        BLOCK_DV, M, H, scale, P_DROP, SEED, NSEED, MP, HP, NOISE, PADDED, CAUSAL, DROPOUT, PREC, BLOCK_M,
-                       BLOCK_N, BLOCK_D, BLOCK_DV)
+                       KV_ROWS(BLOCK_N), BLOCK_D, BLOCK_DV)
         else:
             _lin.bwd_q(Q, K, V, DO, LSE, DELTA, STD, KB, DQ, DSP, N, S, H, P_DROP, SEED, NSEED, NOISE, PADDED,
                        CAUSAL, DROPOUT, PREC, BLOCK_M, BLOCK_N, BLOCK_DV, MP * BLOCK_D)
@@ -124,13 +125,13 @@ if triton is not None:
                        NOISE: tl.constexpr, PADDED: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
                        PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                        BLOCK_DV: tl.constexpr):
+        # query blocks of half the rows: dK (BLOCK_N x W) and dV in float32 take twice the baseline's accumulators,
+        # and at full blocks the tiles beside them (the noise's words, a network's MP tiles of X and dX) spilled
         if NETWORK:
             _net.bwd_kv(Q, K, V, DO, LSE, DELTA, SIG, W1, B1, W2, B2, KB, DK, DVO, N, S, D, BLOCK_DV, M, H, scale, P_DROP,
-                        SEED, NSEED, MP, HP, NOISE, PADDED, CAUSAL, DROPOUT, PREC, BLOCK_M, BLOCK_N, BLOCK_D,
+                        SEED, NSEED, MP, HP, NOISE, PADDED, CAUSAL, DROPOUT, PREC, KV_ROWS(BLOCK_M), BLOCK_N, BLOCK_D,
                         BLOCK_DV)
         else:
-            # query blocks of half the rows: dK' (BLOCK_N x W) and dV in float32 take twice the baseline's
-            # accumulators, and at full blocks the tiles and the noise's words beside them spilled
             _lin.bwd_kv(Q, K, V, DO, LSE, DELTA, STD, KB, DK, DVO, N, S, H, P_DROP, SEED, NSEED, NOISE, PADDED,
                         CAUSAL, DROPOUT, PREC, KV_ROWS(BLOCK_M), BLOCK_N, BLOCK_DV, MP * BLOCK_D)
 
