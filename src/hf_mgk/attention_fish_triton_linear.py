@@ -28,6 +28,7 @@ if triton is not None:
     from .attention_triton import keep as _keep
     from .attention_triton import key_end as _key_end
     from .attention_triton import normal_tile as _normal_tile
+    from .attention_triton import online_softmax as _online_softmax
     from .attention_triton import query_start as _query_start
     from .attention_triton import softmax_state as _softmax_state
 
@@ -112,11 +113,7 @@ if triton is not None:
         k, kb = _key_tile(K, KB, b, start_n, S, PADDED, EDGE, BLOCK_N, W)
         a, _ = _scores(q, k, kb, b, j, H, offs_m, start_n, N, S, std, NSEED, NOISE, PADDED, CAUSAL, EDGE, PREC,
                        BLOCK_N, False)
-        m_new = tl.maximum(m_i, tl.max(a, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet: P stays 0
-        p = tl.exp2((a - m_use[:, None]) * _LOG2E)
-        alpha = tl.exp2((m_i - m_use) * _LOG2E)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_new, l_i = _online_softmax(a, m_i, l_i)
         offs_n = start_n + tl.arange(0, BLOCK_N)
         v = _value_tile(V, offs_n, S, EDGE, BLOCK_DV)
         if DROPOUT:  # the weights dropped after the normalisation: l sums the undropped P

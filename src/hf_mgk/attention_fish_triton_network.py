@@ -23,6 +23,7 @@ if triton is not None:
     from .attention_triton import keep as _keep
     from .attention_triton import key_end as _key_end
     from .attention_triton import normal_tile as _normal_tile
+    from .attention_triton import online_softmax as _online_softmax
     from .attention_triton import query_start as _query_start
     from .attention_triton import softmax_state as _softmax_state
 
@@ -130,11 +131,7 @@ if triton is not None:
         ks = _heads(K, offs_n, S, EDGE, MP, BLOCK_D)
         xs, _ = _globals(qs, ks, b, offs_m, start_n, N, S, M, scale, SIG, NSEED, NOISE, PREC, BLOCK_N, MP)
         a = _mixed(xs, b, j, offs_m, start_n, N, S, M, H, W1, B1, W2, B2, KB, PADDED, CAUSAL, EDGE, BLOCK_N, MP)
-        m_new = tl.maximum(m_i, tl.max(a, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet: P stays 0
-        p = tl.exp2((a - m_use[:, None]) * _LOG2E)
-        alpha = tl.exp2((m_i - m_use) * _LOG2E)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_new, l_i = _online_softmax(a, m_i, l_i)
         v = _value_tile(V, offs_n, S, EDGE, BLOCK_DV)
         if DROPOUT:  # the weights dropped after the normalisation: l sums the undropped P
             p = tl.where(_keep(SEED, bh, offs_m, offs_n, S, P_DROP), p / (1.0 - P_DROP), 0.0)

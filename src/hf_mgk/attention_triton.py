@@ -223,6 +223,18 @@ if triton is not None:
         return start
 
     @triton.jit
+    def online_softmax(a, m_i, l_i):
+        """One block of scores a (rows x keys, -inf where hidden) into the online softmax's running maximum m_i and
+        sum l_i: (P = exp(a - m_new), the factor alpha rescaling the earlier blocks, m_new, l_new); rows that have
+        seen nothing yet keep P 0. exp2(a log2 e - m log2 e), one FMA a score (the flash baseline's form; backward
+        forms P from A - m exactly, where its cancelling sums need it)."""
+        m_new = tl.maximum(m_i, tl.max(a, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new) * _LOG2E_C
+        p = tl.exp2(a * _LOG2E_C - m_use[:, None])
+        alpha = tl.exp2(m_i * _LOG2E_C - m_use)
+        return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+    @triton.jit
     def softmax_state(BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
         """The online softmax's start for a block of query rows: running maximum -inf, sum 0, output 0."""
         return (tl.full([BLOCK_M], float("-inf"), tl.float32), tl.zeros([BLOCK_M], tl.float32),
@@ -258,6 +270,7 @@ if triton is not None:
         return c0, c1, c2, c3
 
     _TWO_PI_2_32 = tl.constexpr(6.283185307179586 / 2**32)
+    _LOG2E_C = tl.constexpr(LOG2E)
     _MINUS_2_LN2 = tl.constexpr(-2 * LN2)
     # lg2.approx, sin.approx, cos.approx on a GPU: one MUFU each (relative error < 2^-22 for lg2, absolute < 2^-20.9
     # for sin / cos on [-pi, pi], the angle's range here), where tl.log2 / tl.sin / tl.cos are libdevice's float32
