@@ -12,23 +12,28 @@ Nguyen et al., "Improving Transformer with an Admixture of Attention Heads" (Neu
 `attention_fish.fish_attention` (backend="triton") calls `fish_triton`. The flash pattern: Dao et al.,
 "FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness" (NeurIPS 2022), Alg. 1 and 2.
 
-Every kernel holds the M global heads of a tile as one (M, rows, keys) block, from one batched product of the
-(M, rows, D) queries with the (M, keys, D) keys; the local heads' scores are formed from it in registers (the
-network per tile, its hidden layer recomputed where needed), so nothing of size N x S is written.
+Each kernel (forward, dQ, dK / dV) takes both kinds of mixing and runs one body for it, so nothing of size N x S
+is written:
+* linear mixing (attention_fish_triton_linear): folded into the query, A_j = q'_j . k' with q'_j = concat_k(scale
+  w_kj q_k) and k' = concat_k(k_k) formed here (`_fold`, `_concat_keys`): local head j is flash attention of depth
+  M D (padded per head to BLOCK_D) with its own V, every product one 2-D tl.dot (wgmma on sm_90), nothing per pair
+  for the mixing; the noise std_j eps_j added to A. dQ per (batch x local head, block of rows) writes G_j = dA_j k'
+  and torch forms dq = scale sum_j w_kj G_jk and dw_kj = scale sum q_k . G_jk (O(H N M D)); dK / dV per (batch,
+  block of keys) over the local heads and query blocks, keys as the products' rows, dk' = sum_j dA_j^T q'_j.
+* a network ((hard) GFiSH, attention_fish_triton_network): the M global heads of a tile as one (MP, rows, keys)
+  block from a batched product, the network per tile in registers; dQ per (batch, block of rows) with each
+  program's shares of the network's gradients, dK / dV per (batch, block of keys).
 * Forward: one program per (batch x local head, block of query rows), one pass over the key blocks with an online
   row maximum m, exp2 of (A - m) log2(e). Saved per row: m and log2 of the softmax's sum (+inf and 0 for a row
   that sees no key, whose output is 0); backward forms P = exp2((A - m) log2(e) - log2 l): A - m is exact near the
   maximum, where P matters, whereas one log-sum-exp (A log2(e) - lse) rounds at the size of |A| (measured: 20x the
-  reference's float32 error in a cancelling gradient, sigma's, with scores of ~20).
-* Backward, with delta_j = dO_j . out_j (torch) and dA_j = P_j (dO_j . v_j - delta_j):
-  dQ per (batch, block of query rows), looping over the local heads and the key blocks; it also sums the mixing's
-  gradients (dw_kj = sum dA_j X_k, dstd_j = sum dA_j eps_j; the network's dW1, db1, dW2, db2, dsigma) per program,
-  summed over programs in torch. dK and dV per (batch, block of keys), looping over the local heads and the query
-  blocks (dV of each local head written once, dK summed over the heads in registers).
-* Noise and dropout are counter-based draws (attention_triton): noise eps_j = tl.randn(seed + b H + j, n S + s)
-  for linear mixing, eps_k = tl.randn(seed + b, (k N + n) S + s) for a network; the dropout mask
-  tl.rand(seed' + b H + j, n S + s). The seeds: one per call from the caller's generator (noise) and from torch's
-  (dropout). Backward regenerates both; 32-bit counters bound N S (M N S for a network's noise) below 2^31.
+  reference's float32 error in a cancelling gradient, sigma's, with scores of ~20). The output is computed in
+  float32 and rounded afterwards, so that backward's delta_j = dO_j . out_j (torch) is the unrounded output's.
+* Noise and dropout are counter-based draws (attention_triton): the noise attention_triton.normal_tile (Philox4x32-10
+  under key (seed, stream), all four words of a call used: two Box-Muller pairs), stream b H + j for linear mixing
+  (one normal per pair and local head), b for a network (rows k N + n: one per pair and global head); the dropout
+  mask tl.rand(seed' + b H + j, n S + s). The seeds: one per call from the caller's generator (noise) and from
+  torch's (dropout). Backward regenerates both; 32-bit counters bound N S (M N S for a network's noise) below 2^31.
 
 Torch, and Triton where it is installed (this file travels next to remote-code model files; without Triton the
 other backends run). On CPU tensors the kernels run in Triton's interpreter (TRITON_INTERPRET=1 set before the
@@ -38,16 +43,7 @@ import).
 import torch
 from torch import nn
 
-from .attention_triton import LOG2E, fitted, precision, shape_class, shared_memory, tl, triton, tuned_blocks
-
-if triton is not None:
-    from .attention_triton import dot as _dot
-    from .attention_triton import keep as _keep
-    from .attention_triton import key_end as _key_end
-    from .attention_triton import query_start as _query_start
-    from .attention_triton import softmax_state as _softmax_state
-
-    _LOG2E = tl.constexpr(LOG2E)  # a kernel reads only constexpr globals
+from .attention_triton import fitted, precision, shape_class, shared_memory, tl, triton, tuned_blocks
 
 __all__ = ["MAX_GLOBAL_HEADS", "block_sizes", "counters", "fish_triton", "kernel_noise", "noise_seed"]
 
@@ -80,148 +76,34 @@ def noise_seed(generator, device):
     return int(torch.randint(0, 2**31 - 2**20, (), generator=generator, device=gen_device))
 
 
+def kv_rows(block_m):
+    """The query rows a dK / dV program's main-loop iteration covers (and the keys of a network's dQ iteration): half
+    of the block (16 at least)."""
+    return max(16, int(block_m) // 2)
+
+
 if triton is not None:
+    from . import attention_fish_triton_linear as _lin
 
-    @triton.jit
-    def _load3(ptr, offs_k, offs_r, offs_d, M, R, D):
-        """The (MP, BR, BD) tile of rows offs_r of a batch's (M, R, D) block at ptr, zero outside it."""
-        mask = (offs_k < M)[:, None, None] & (offs_r < R)[None, :, None] & (offs_d < D)[None, None, :]
-        return tl.load(ptr + (offs_k[:, None, None] * R + offs_r[None, :, None]) * D + offs_d[None, None, :],
-                       mask=mask, other=0.0)
+    KV_ROWS = triton.constexpr_function(kv_rows)
+    from . import attention_fish_triton_network as _net
 
-    @triton.jit
-    def _own_block(X, R, M, D, BLOCK: tl.constexpr, MP: tl.constexpr, BLOCK_D: tl.constexpr):
-        """A backward program's own block of rows of X (B, M, R, D), the batch from program axis 0 and the block from
-        axis 1: (b, the rows' offsets, the (MP, BLOCK, BLOCK_D) tile, a float32 zero accumulator of its shape)."""
-        b = tl.program_id(0)
-        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        tile = _load3(X + b.to(tl.int64) * M * R * D, tl.arange(0, MP), offs, tl.arange(0, BLOCK_D), M, R, D)
-        return b, offs, tile, tl.zeros([MP, BLOCK, BLOCK_D], tl.float32)
-
-    @triton.jit
-    def _linear_noise(seed, b, j, H, offs_m, offs_n, S):
-        return tl.randn(seed + b * H + j, offs_m[:, None] * S + offs_n[None, :])
-
-    @triton.jit
-    def _global_noise(seed, b, offs_k, offs_m, offs_n, N, S):
-        return tl.randn(seed + b, (offs_k[:, None, None] * N + offs_m[None, :, None]) * S + offs_n[None, None, :])
-
-    @triton.jit
-    def _global(q3, k3, b, offs_k, offs_m, offs_n, N, S, M, scale, SIG, NSEED,
-                NETWORK: tl.constexpr, NOISE: tl.constexpr, PREC: tl.constexpr):
-        """X of a tile, (MP, BM, BN), and the network's noise eps (X itself where there is none)."""
-        x3 = _dot(q3, tl.permute(k3, 0, 2, 1), PREC) * scale
-        eps3 = x3
-        if NETWORK and NOISE:
-            eps3 = _global_noise(NSEED, b, offs_k, offs_m, offs_n, N, S)
-            sig = tl.load(SIG + offs_k, mask=offs_k < M, other=0.0)
-            x3 = x3 + sig[:, None, None] * eps3
-        return x3, eps3
-
-    @triton.jit
-    def _mixed(x3, b, j, offs_k, offs_m, offs_n, N, S, M, H, W, STD, W1, B1, W2, B2, KB, NSEED,
-               NETWORK: tl.constexpr, NOISE: tl.constexpr, PADDED: tl.constexpr, CAUSAL: tl.constexpr):
-        """A_j of a tile (BM, BN), -inf where hidden (causal, padding, past the ends), and the linear noise eps_j
-        (A itself where there is none)."""
-        if NETWORK:
-            a = tl.zeros([x3.shape[1], x3.shape[2]], tl.float32) + tl.load(B2 + j)
-            for i in range(H):
-                w1 = tl.load(W1 + i * M + offs_k, mask=offs_k < M, other=0.0)
-                pre = tl.sum(w1[:, None, None] * x3, 0) + tl.load(B1 + i)
-                a += tl.load(W2 + j * H + i) * tl.maximum(pre, 0.0)
-            eps = a
-        else:
-            w = tl.load(W + offs_k * H + j, mask=offs_k < M, other=0.0)
-            a = tl.sum(w[:, None, None] * x3, 0)
-            eps = a
-            if NOISE:
-                eps = _linear_noise(NSEED, b, j, H, offs_m, offs_n, S)
-                a += tl.load(STD + j) * eps
-        if PADDED:  # 0 for a real key, -inf for padding
-            a += tl.load(KB + b * S + offs_n, mask=offs_n < S, other=float("-inf"))[None, :]
-        seen = (offs_m < N)[:, None] & (offs_n < S)[None, :]
-        if CAUSAL:  # bottom-right aligned: query i sees key j <= i + S - N
-            seen = seen & (offs_n[None, :] <= offs_m[:, None] + (S - N))
-        return tl.where(seen, a, float("-inf")), eps
-
-    @triton.jit
-    def _mixed_grad(x3, da, j, offs_k, offs_h, M, H, W, W1, B1, W2, dw1, db1, dw2,
-                    NETWORK: tl.constexpr, PARAMS: tl.constexpr):
-        """dX (MP, BM, BN) from dA_j; for a network with PARAMS, this tile's shares of dW1 (HP, MP), db1 (HP,) and row
-        j of dW2 (HP,) added to the accumulators (ReLU's gradient 0 at 0, as torch's)."""
-        if NETWORK:
-            dx3 = tl.zeros_like(x3)
-            for i in range(H):
-                w1 = tl.load(W1 + i * M + offs_k, mask=offs_k < M, other=0.0)
-                pre = tl.sum(w1[:, None, None] * x3, 0) + tl.load(B1 + i)
-                dr = tl.where(pre > 0, tl.load(W2 + j * H + i) * da, 0.0)
-                dx3 += w1[:, None, None] * dr[None, :, :]
-                if PARAMS:
-                    dw2 += tl.where(offs_h == i, tl.sum(da * tl.maximum(pre, 0.0)), 0.0)
-                    db1 += tl.where(offs_h == i, tl.sum(dr), 0.0)
-                    dw1 += tl.where(offs_h[:, None] == i, tl.sum(tl.sum(dr[None, :, :] * x3, 2), 1)[None, :], 0.0)
-        else:
-            w = tl.load(W + offs_k * H + j, mask=offs_k < M, other=0.0)
-            dx3 = w[:, None, None] * da[None, :, :]
-        return dx3, dw1, db1, dw2
+    # Each kernel takes both kinds of mixing (the same names, arguments and constants as before the split) and runs
+    # one body: linear mixing folded into the query (attention_fish_triton_linear) or the network on the (MP, rows,
+    # keys) block of global scores (attention_fish_triton_network). Linear: Q, K are q' (B, H, N, W) and k' (B, S, W)
+    # with W = MP BLOCK_D (`_fold`), DQ receives G (B, H, N, W), DK dk' (B, S, W), DSP dstd's shares.
 
     @triton.jit
     def _fwd_kernel(Q, K, V, W, STD, SIG, W1, B1, W2, B2, KB, O, LSE, N, S, D, DV, M, H, scale, P_DROP, SEED,
                     NSEED, MP: tl.constexpr, NETWORK: tl.constexpr, NOISE: tl.constexpr, PADDED: tl.constexpr,
                     CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-        bh = tl.program_id(0)  # 32-bit: the dropout draws' key
-        b, j = bh // H, bh % H
-        bh64 = bh.to(tl.int64)  # the bases' offsets in 64 bits (B H N D passes 2^31), the tiles' in 32
-        Q, K = Q + b.to(tl.int64) * M * N * D, K + b.to(tl.int64) * M * S * D
-        V, O, LSE = V + bh64 * S * DV, O + bh64 * N * DV, LSE + bh64 * N * 2
-        start_m = tl.program_id(1) * BLOCK_M
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        offs_k, offs_d, offs_dv = tl.arange(0, MP), tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
-        q3 = _load3(Q, offs_k, offs_m, offs_d, M, N, D)
-        m_i, l_i, acc = _softmax_state(BLOCK_M, BLOCK_DV)
-        hi = _key_end(start_m, BLOCK_M, N, S, CAUSAL)
-        for start_n in range(0, hi, BLOCK_N):
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            k3 = _load3(K, offs_k, offs_n, offs_d, M, S, D)
-            x3, _ = _global(q3, k3, b, offs_k, offs_m, offs_n, N, S, M, scale, SIG, NSEED, NETWORK, NOISE, PREC)
-            a, _ = _mixed(x3, b, j, offs_k, offs_m, offs_n, N, S, M, H, W, STD, W1, B1, W2, B2, KB, NSEED, NETWORK,
-                          NOISE, PADDED, CAUSAL)
-            m_new = tl.maximum(m_i, tl.max(a, 1))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet: P stays 0
-            p = tl.exp2((a - m_use[:, None]) * _LOG2E)
-            alpha = tl.exp2((m_i - m_use) * _LOG2E)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(V + offs_n[:, None] * DV + offs_dv[None, :],
-                        mask=(offs_n < S)[:, None] & (offs_dv < DV)[None, :], other=0.0)
-            if DROPOUT:  # the weights dropped after the normalisation: l sums the undropped P
-                p = tl.where(_keep(SEED, bh, offs_m, offs_n, S, P_DROP), p / (1.0 - P_DROP), 0.0)
-            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PREC)
-            m_i = m_new
-        seen = l_i > 0  # a row that sees no key: output 0, max +inf (backward's weights all 0)
-        out = acc / tl.where(seen, l_i, 1.0)[:, None]
-        tl.store(O + offs_m[:, None] * DV + offs_dv[None, :], out.to(O.dtype.element_ty),
-                 mask=(offs_m < N)[:, None] & (offs_dv < DV)[None, :])
-        tl.store(LSE + offs_m * 2, tl.where(seen, m_i, float("inf")), mask=offs_m < N)
-        tl.store(LSE + offs_m * 2 + 1, tl.log2(tl.where(seen, l_i, 1.0)), mask=offs_m < N)
-
-    @triton.jit
-    def _tile_grad(q3, k3, do, row_max, log2_l, delta, v, b, j, offs_k, offs_m, offs_n, N, S, M, H, scale, W, STD,
-                   SIG, W1, B1, W2, B2, KB, P_DROP, SEED, NSEED, NETWORK: tl.constexpr, NOISE: tl.constexpr,
-                   PADDED: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr):
-        """What both backward kernels recompute for a tile of local head j: X and the network's noise, the linear
-        noise, the weights P as the forward applied them to V (dropped), and dA."""
-        x3, eps3 = _global(q3, k3, b, offs_k, offs_m, offs_n, N, S, M, scale, SIG, NSEED, NETWORK, NOISE, PREC)
-        a, eps = _mixed(x3, b, j, offs_k, offs_m, offs_n, N, S, M, H, W, STD, W1, B1, W2, B2, KB, NSEED, NETWORK,
-                        NOISE, PADDED, CAUSAL)
-        p = tl.exp2((a - row_max[:, None]) * _LOG2E - log2_l[:, None])
-        dp = _dot(do, tl.trans(v), PREC)
-        p_used = p
-        if DROPOUT:  # d P_ij = mask_ij dO_i . v_j / (1 - p)
-            kept = _keep(SEED, b * H + j, offs_m, offs_n, S, P_DROP)
-            p_used = tl.where(kept, p / (1.0 - P_DROP), 0.0)
-            dp = tl.where(kept, dp / (1.0 - P_DROP), 0.0)
-        return x3, eps3, eps, p_used, p * (dp - delta[:, None])
+        if NETWORK:
+            _net.fwd(Q, K, V, SIG, W1, B1, W2, B2, KB, O, LSE, N, S, D, BLOCK_DV, M, H, scale, P_DROP, SEED, NSEED, MP,
+                     NOISE, PADDED, CAUSAL, DROPOUT, PREC, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
+        else:
+            _lin.fwd(Q, K, V, STD, KB, O, LSE, N, S, H, P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT, PREC,
+                     BLOCK_M, BLOCK_N, BLOCK_DV, MP * BLOCK_D)
 
     @triton.jit
     def _bwd_q_kernel(Q, K, V, DO, LSE, DELTA, W, STD, SIG, W1, B1, W2, B2, KB, DQ, DWP, DSP, DW1P, DB1P, DW2P, DB2P,
@@ -229,63 +111,13 @@ if triton is not None:
                       NETWORK: tl.constexpr, NOISE: tl.constexpr, PADDED: tl.constexpr, CAUSAL: tl.constexpr,
                       DROPOUT: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-        """dq_k = scale sum_j sum_s dX_jk k_k for one block of query rows, and this program's shares of the mixing's
-        gradients (per local head into DWP / DSP / DW2P / DB2P, summed over the heads into DW1P / DB1P / DSIGP)."""
-        b, offs_m, q3, dq3 = _own_block(Q, N, M, D, BLOCK_M, MP, BLOCK_D)
-        b64 = b.to(tl.int64)  # the bases' offsets in 64 bits (B H N D passes 2^31), the tiles' in 32
-        K, DQ = K + b64 * M * S * D, DQ + b64 * M * N * D
-        prog = b * tl.num_programs(1) + tl.program_id(1)
-        start_m = tl.program_id(1) * BLOCK_M
-        offs_k, offs_h = tl.arange(0, MP), tl.arange(0, HP)
-        offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
-        rows = offs_m < N
-        dw1 = tl.zeros([HP, MP], tl.float32)
-        db1 = tl.zeros([HP], tl.float32)
-        dsig = tl.zeros([MP], tl.float32)
-        hi = _key_end(start_m, BLOCK_M, N, S, CAUSAL)
-        for j in range(H):
-            bh = b64 * H + j
-            Vj = V + bh * S * DV
-            do = tl.load(DO + bh * N * DV + offs_m[:, None] * DV + offs_dv[None, :],
-                         mask=rows[:, None] & (offs_dv < DV)[None, :], other=0.0)
-            row_max = tl.load(LSE + bh * N * 2 + offs_m * 2, mask=rows, other=float("inf"))
-            log2_l = tl.load(LSE + bh * N * 2 + offs_m * 2 + 1, mask=rows, other=0.0)
-            delta = tl.load(DELTA + bh * N + offs_m, mask=rows, other=0.0)
-            dw = tl.zeros([MP], tl.float32)
-            dstd = tl.zeros([BLOCK_M], tl.float32)
-            db2 = tl.zeros([BLOCK_M], tl.float32)
-            dw2 = tl.zeros([HP], tl.float32)
-            for start_n in range(0, hi, BLOCK_N):
-                offs_n = start_n + tl.arange(0, BLOCK_N)
-                k3 = _load3(K, offs_k, offs_n, offs_d, M, S, D)
-                v = tl.load(Vj + offs_n[:, None] * DV + offs_dv[None, :],
-                            mask=(offs_n < S)[:, None] & (offs_dv < DV)[None, :], other=0.0)
-                x3, eps3, eps, _, da = _tile_grad(
-                    q3, k3, do, row_max, log2_l, delta, v, b, j, offs_k, offs_m, offs_n, N, S, M, H, scale, W, STD, SIG,
-                    W1, B1, W2, B2, KB, P_DROP, SEED, NSEED, NETWORK, NOISE, PADDED, CAUSAL, DROPOUT, PREC)
-                dx3, dw1, db1, dw2 = _mixed_grad(x3, da, j, offs_k, offs_h, M, H, W, W1, B1, W2, dw1, db1, dw2,
-                                                 NETWORK, True)
-                if NETWORK:
-                    db2 += tl.sum(da, 1)
-                    if NOISE:
-                        dsig += tl.sum(tl.sum(dx3 * eps3, 2), 1)
-                else:
-                    dw += tl.sum(tl.sum(x3 * da[None, :, :], 2), 1)
-                    if NOISE:
-                        dstd += tl.sum(da * eps, 1)
-                dq3 += _dot(dx3.to(k3.dtype), k3, PREC)
-            if NETWORK:
-                tl.store(DW2P + (prog * H + j) * HP + offs_h, dw2)
-                tl.store(DB2P + prog * H + j, tl.sum(db2))
-            else:
-                tl.store(DWP + (prog * H + j) * MP + offs_k, dw)
-                tl.store(DSP + prog * H + j, tl.sum(dstd))
-        tl.store(DQ + (offs_k[:, None, None] * N + offs_m[None, :, None]) * D + offs_d[None, None, :],
-                 dq3 * scale, mask=(offs_k < M)[:, None, None] & rows[None, :, None] & (offs_d < D)[None, None, :])
-        if NETWORK:
-            tl.store(DW1P + (prog * HP + offs_h[:, None]) * MP + offs_k[None, :], dw1)
-            tl.store(DB1P + prog * HP + offs_h, db1)
-            tl.store(DSIGP + prog * MP + offs_k, dsig)
+        if NETWORK:  # blocks of half the keys: the MP tiles of X and of dX beside the dQ accumulators spilled
+            _net.bwd_q(Q, K, V, DO, LSE, DELTA, SIG, W1, B1, W2, B2, KB, DQ, DW1P, DB1P, DW2P, DB2P, DSIGP, N, S, D,
+                       BLOCK_DV, M, H, scale, P_DROP, SEED, NSEED, MP, HP, NOISE, PADDED, CAUSAL, DROPOUT, PREC, BLOCK_M,
+                       KV_ROWS(BLOCK_N), BLOCK_D, BLOCK_DV)
+        else:
+            _lin.bwd_q(Q, K, V, DO, LSE, DELTA, STD, KB, DQ, DSP, N, S, H, P_DROP, SEED, NSEED, NOISE, PADDED,
+                       CAUSAL, DROPOUT, PREC, BLOCK_M, BLOCK_N, BLOCK_DV, MP * BLOCK_D)
 
     @triton.jit
     def _bwd_kv_kernel(Q, K, V, DO, LSE, DELTA, W, STD, SIG, W1, B1, W2, B2, KB, DK, DVO, N, S, D, DV, M, H, scale,
@@ -293,43 +125,15 @@ if triton is not None:
                        NOISE: tl.constexpr, PADDED: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
                        PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                        BLOCK_DV: tl.constexpr):
-        """For one block of keys: dk_k = scale sum_j sum_i dX_jk^T q_k and each local head's dv_j = P_j^T dO_j."""
-        b, offs_n, k3, dk3 = _own_block(K, S, M, D, BLOCK_N, MP, BLOCK_D)
-        b64 = b.to(tl.int64)  # the bases' offsets in 64 bits (B H N D passes 2^31), the tiles' in 32
-        Q, DK = Q + b64 * M * N * D, DK + b64 * M * S * D
-        start_n = tl.program_id(1) * BLOCK_N
-        offs_k, offs_h = tl.arange(0, MP), tl.arange(0, HP)
-        offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
-        cols = offs_n < S
-        unused = tl.zeros([HP], tl.float32)
-        unused2 = tl.zeros([HP, MP], tl.float32)
-        lo = _query_start(start_n, BLOCK_M, N, S, CAUSAL)
-        for j in range(H):
-            bh = b64 * H + j
-            v = tl.load(V + bh * S * DV + offs_n[:, None] * DV + offs_dv[None, :],
-                        mask=cols[:, None] & (offs_dv < DV)[None, :], other=0.0)
-            dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
-            DOj, LSEj, DELTAj = DO + bh * N * DV, LSE + bh * N * 2, DELTA + bh * N
-            for start_m in range(lo, N, BLOCK_M):
-                offs_m = start_m + tl.arange(0, BLOCK_M)
-                rows = offs_m < N
-                q3 = _load3(Q, offs_k, offs_m, offs_d, M, N, D)
-                do = tl.load(DOj + offs_m[:, None] * DV + offs_dv[None, :],
-                             mask=rows[:, None] & (offs_dv < DV)[None, :], other=0.0)
-                row_max = tl.load(LSEj + offs_m * 2, mask=rows, other=float("inf"))
-                log2_l = tl.load(LSEj + offs_m * 2 + 1, mask=rows, other=0.0)
-                delta = tl.load(DELTAj + offs_m, mask=rows, other=0.0)
-                x3, _, _, p_used, da = _tile_grad(
-                    q3, k3, do, row_max, log2_l, delta, v, b, j, offs_k, offs_m, offs_n, N, S, M, H, scale, W, STD, SIG,
-                    W1, B1, W2, B2, KB, P_DROP, SEED, NSEED, NETWORK, NOISE, PADDED, CAUSAL, DROPOUT, PREC)
-                dv += _dot(tl.trans(p_used).to(do.dtype), do, PREC)
-                dx3, _, _, _ = _mixed_grad(x3, da, j, offs_k, offs_h, M, H, W, W1, B1, W2, unused2, unused, unused,
-                                           NETWORK, False)
-                dk3 += _dot(tl.permute(dx3, 0, 2, 1).to(q3.dtype), q3, PREC)
-            tl.store(DVO + bh * S * DV + offs_n[:, None] * DV + offs_dv[None, :], dv,
-                     mask=cols[:, None] & (offs_dv < DV)[None, :])
-        tl.store(DK + (offs_k[:, None, None] * S + offs_n[None, :, None]) * D + offs_d[None, None, :],
-                 dk3 * scale, mask=(offs_k < M)[:, None, None] & cols[None, :, None] & (offs_d < D)[None, None, :])
+        # query blocks of half the rows: dK (BLOCK_N x W) and dV in float32 take twice the baseline's accumulators,
+        # and at full blocks the tiles beside them (the noise's words, a network's MP tiles of X and dX) spilled
+        if NETWORK:
+            _net.bwd_kv(Q, K, V, DO, LSE, DELTA, SIG, W1, B1, W2, B2, KB, DK, DVO, N, S, D, BLOCK_DV, M, H, scale, P_DROP,
+                        SEED, NSEED, MP, HP, NOISE, PADDED, CAUSAL, DROPOUT, PREC, KV_ROWS(BLOCK_M), BLOCK_N, BLOCK_D,
+                        BLOCK_DV)
+        else:
+            _lin.bwd_kv(Q, K, V, DO, LSE, DELTA, STD, KB, DK, DVO, N, S, H, P_DROP, SEED, NSEED, NOISE, PADDED,
+                        CAUSAL, DROPOUT, PREC, KV_ROWS(BLOCK_M), BLOCK_N, BLOCK_DV, MP * BLOCK_D)
 
     @triton.jit
     def _noise_kernel(E, N, S, M, H, NSEED, NETWORK: tl.constexpr, MP: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -337,17 +141,18 @@ if triton is not None:
         """The noise the kernels draw, written out (B, M or H, N, S): for tests, and for anyone who wants to see it."""
         b = tl.program_id(0)
         offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+        start_n = tl.program_id(2) * BLOCK_N
+        offs_n = start_n + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, MP)
         seen = (offs_m < N)[:, None] & (offs_n < S)[None, :]
         if NETWORK:
-            eps3 = _global_noise(NSEED, b, offs_k, offs_m, offs_n, N, S)
+            eps3 = _net.global_noise(NSEED, b, offs_k, offs_m, start_n, N, S, BLOCK_N)
             tl.store(E + b.to(tl.int64) * M * N * S + (offs_k[:, None, None] * N + offs_m[None, :, None]) * S
                      + offs_n[None, None, :],
                      eps3, mask=(offs_k < M)[:, None, None] & seen[None, :, :])
         else:
             for j in range(H):
-                eps = _linear_noise(NSEED, b, j, H, offs_m, offs_n, S)
+                eps = _lin.noise(NSEED, b, j, H, offs_m, start_n, S, BLOCK_N)
                 tl.store(E + (b.to(tl.int64) * H + j) * N * S + offs_m[:, None] * S + offs_n[None, :], eps, mask=seen)
 
 
@@ -362,6 +167,46 @@ def kernel_noise(seed, batch, num_global, num_heads, n, s, network, device):
     return eps
 
 
+def _fold(q, w, scale, width):
+    """q' (B, H, N, width) in q's dtype: q'_j = concat_k(scale w_kj q_k), each global head's D columns padded with
+    zeros to width / next_power_of_2(M) (the kernels' BLOCK_D). Formed per local head in float32 and rounded once, so
+    the forward and backward fold alike; a (B, N, M, D) float32 temporary, not (B, H, M, N, D)."""
+    b, m, n, d = q.shape
+    h = w.shape[1]
+    mp = triton.next_power_of_2(m)
+    out = q.new_zeros(b, h, n, mp, width // mp)
+    rows = q.float().permute(0, 2, 1, 3)  # (B, N, M, D)
+    sw = w * scale
+    for j in range(h):
+        out[:, j, :, :m, :d] = (rows * sw[:, j, None]).to(q.dtype)
+    return out.view(b, h, n, width)
+
+
+def _concat_keys(k, width):
+    """k' (B, S, width): concat_k(k_k), each head's columns padded as `_fold`'s (also a network's q and k)."""
+    b, m, s, d = k.shape
+    mp = triton.next_power_of_2(m)
+    out = k.new_zeros(b, s, mp, width // mp)
+    out[:, :, :m, :d] = k.permute(0, 2, 1, 3)
+    return out.view(b, s, width)
+
+
+def consts_dv(dv):
+    """BLOCK_DV of a value size: the linear kernels' row stride of V, dO, the output and dV."""
+    return max(16, triton.next_power_of_2(dv))
+
+
+def _pad(x, width):
+    """x with its last axis padded with zeros to `width` (itself, contiguous, where it has that width)."""
+    return x.contiguous() if x.shape[-1] == width else torch.nn.functional.pad(x, (0, width - x.shape[-1]))
+
+
+def _unfold(x, m, d):
+    """(..., R, width) float32 -> (..., M, R, D): the global heads' columns of a folded gradient."""
+    mp = triton.next_power_of_2(m)
+    return x.view(*x.shape[:-1], mp, x.shape[-1] // mp)[..., :m, :d].movedim(-2, -3)
+
+
 class _TritonFiSH(torch.autograd.Function):
     """Inputs q, k (B, M, N|S, D), v (B, H, S, Dv) in the compute dtype; float32 w (M, H) and std (H,) (linear) or
     sigma (M,), W1, b1, W2, b2 (network), each None where unused, kb (B, S) 0 / -inf or None."""
@@ -371,49 +216,76 @@ class _TritonFiSH(torch.autograd.Function):
         b, m, n, d = q.shape
         h, s, dv = v.shape[1], v.shape[2], v.shape[3]
         network = w1 is not None
+        if network:  # W1's columns and sigma padded to MP with zeros: the kernels read them unmasked
+            mp = triton.next_power_of_2(q.shape[1])
+            w1 = torch.nn.functional.pad(w1, (0, mp - w1.shape[1]))
+            sigma = None if sigma is None else torch.nn.functional.pad(sigma, (0, mp - sigma.shape[0]))
         block_m, block_n = block_sizes(q.device.type, m, d, dv, q.dtype, shared_memory(q.device))
         dummy = q.new_zeros(1, dtype=torch.float32)
         tensors = [t if t is not None else dummy for t in (w, std, sigma, w1, b1, w2, b2, kb)]
-        out = torch.empty(b, h, n, dv, dtype=q.dtype, device=q.device)
+        # the output in float32, rounded to the compute dtype afterwards: backward's delta = dO . out from the
+        # unrounded output (from the rounded one, half precision's rounding enters every row's dA, and sigma's
+        # gradient, a cancelling sum over the pairs, amplified it past its tolerance in tests)
+        width_v = consts_dv(dv)
+        out = torch.empty(b, h, n, width_v, dtype=torch.float32, device=q.device)
         lse = torch.empty(b, h, n, 2, dtype=torch.float32, device=q.device)
         consts = dict(MP=triton.next_power_of_2(m), NETWORK=network,
                       NOISE=(sigma if network else std) is not None, PADDED=kb is not None, CAUSAL=causal,
                       DROPOUT=dropout_p > 0, PREC=precision(q.dtype, q.device.type, float32="tf32x3"),
                       BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
-                      BLOCK_DV=max(16, triton.next_power_of_2(dv)))
+                      BLOCK_DV=consts_dv(dv))
         runtime = (n, s, d, dv, m, h, float(scale), float(dropout_p), seed, nseed)
-        _fwd_kernel[(b * h, triton.cdiv(n, block_m))](q, k, v, *tensors, out, lse, *runtime, **consts)
+        width = consts["MP"] * consts["BLOCK_D"]
+        qkv = (_concat_keys(q, width) if network else _fold(q, w, scale, width), _concat_keys(k, width),
+               _pad(v, width_v))
+        _fwd_kernel[(b * h, triton.cdiv(n, block_m))](*qkv, *tensors, out, lse, *runtime, **consts)
+        out = out[..., :dv]
         ctx.save_for_backward(q, k, v, out, lse, *tensors)
         ctx.runtime, ctx.consts, ctx.given = runtime, consts, [t is not None for t in (w, std, sigma, w1, b1, w2, b2)]
-        return out
+        return out.to(q.dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
         q, k, v, out, lse, *tensors = ctx.saved_tensors
-        n, s, d, dv_size, m, h = ctx.runtime[:6]
+        n, s, d, dv_size, m, h, scale = ctx.runtime[:7]
         consts = ctx.consts
         b = q.shape[0]
         mp, hp = consts["MP"], triton.next_power_of_2(h)
         dout = dout.contiguous()
         delta = (dout.float() * out.float()).sum(-1).contiguous()
         f32 = dict(dtype=torch.float32, device=q.device)
-        programs = b * triton.cdiv(n, consts["BLOCK_M"])
-        dq = torch.empty(b, m, n, d, **f32)
-        dk = torch.empty(b, m, s, d, **f32)
-        dv = torch.empty(b, h, s, dv_size, **f32)
-        dwp, dsp = torch.zeros(programs, h, mp, **f32), torch.zeros(programs, h, **f32)
+        q_blocks, k_blocks = triton.cdiv(n, consts["BLOCK_M"]), triton.cdiv(s, consts["BLOCK_N"])
+        width = mp * consts["BLOCK_D"]
+        dout, dk = _pad(dout, consts_dv(dv_size)), torch.empty(b, s, width, **f32)  # V, dO rows of BLOCK_DV
+        if consts["NETWORK"]:  # q and k with their heads side by side (padded), dq and dk likewise
+            programs, heads, qw = b * q_blocks, b, _concat_keys(q, width)
+            dq = torch.empty(b, n, width, **f32)
+        else:  # G_j = dL/dq'_j per local head, dk' (module docstring)
+            programs, heads, qw = b * h * q_blocks, b * h, _fold(q, tensors[0], scale, width)
+            dq = torch.empty(b, h, n, width, **f32)
+        qkv = (qw, _concat_keys(k, width), _pad(v, consts_dv(dv_size)))
+        dv = torch.empty(b, h, s, qkv[2].shape[-1], **f32)
+        dsp = torch.zeros(programs, **f32)
         dw1p, db1p = torch.zeros(programs, hp, mp, **f32), torch.zeros(programs, hp, **f32)
         dw2p, db2p = torch.zeros(programs, h, hp, **f32), torch.zeros(programs, h, **f32)
         dsigp = torch.zeros(programs, mp, **f32)
-        common = (q, k, v, dout, lse, delta, *tensors)
-        _bwd_q_kernel[(b, triton.cdiv(n, consts["BLOCK_M"]))](*common, dq, dwp, dsp, dw1p, db1p, dw2p, db2p, dsigp,
-                                                               *ctx.runtime, HP=hp, **consts)
-        _bwd_kv_kernel[(b, triton.cdiv(s, consts["BLOCK_N"]))](*common, dk, dv, *ctx.runtime, HP=hp, **consts)
-        grads = [dwp.sum(0)[:, :m].t(), dsp.sum(0), dsigp.sum(0)[:m], dw1p.sum(0)[:h, :m], db1p.sum(0)[:h],
-                 dw2p.sum(0)[:, :h], db2p.sum(0)]
+        common = (*qkv, dout, lse, delta, *tensors)
+        _bwd_q_kernel[(heads, q_blocks)](*common, dq, dsp, dsp, dw1p, db1p, dw2p, db2p, dsigp, *ctx.runtime, HP=hp,
+                                         **consts)
+        _bwd_kv_kernel[(b, k_blocks)](*common, dk, dv, *ctx.runtime, HP=hp, **consts)
+        if consts["NETWORK"]:
+            grads = [None, None, dsigp.sum(0)[:m], dw1p.sum(0)[:h, :m], db1p.sum(0)[:h], dw2p.sum(0)[:, :h],
+                     db2p.sum(0)]
+            dq = _unfold(dq, m, d)
+        else:  # dq_k = scale sum_j w_kj G_jk, dw_kj = scale sum q_k . G_jk, dstd_j = sum of its programs' shares
+            g, w = _unfold(dq, m, d), tensors[0]  # (B, H, M, N, D)
+            dq = torch.einsum("bhknd,kh->bknd", g, w * scale)
+            dw = torch.einsum("bhknd,bknd->kh", g, q.float()) * scale
+            grads = [dw, dsp.view(b, h, q_blocks).sum((0, 2)), None, None, None, None, None]
+        dk = _unfold(dk, m, d)
         grads = [g if given else None for g, given in zip(grads, ctx.given)]
-        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), *grads, None, None, None, None, None, None)
+        return (dq.to(q.dtype), dk.to(k.dtype), dv[..., :dv_size].to(v.dtype), *grads, None, None, None, None, None, None)
 
 
 def fish_triton(query, key, value, mixing, scale, noise_std, attention_mask, is_causal, dropout_p=0.0,

@@ -23,7 +23,7 @@ except ImportError:  # no Triton: `available()` is False and the torch backends 
     triton = None
     tl = None
 
-__all__ = ["LOG2E", "MAX_COUNTER", "MAX_HEAD_SIZE", "available", "env_switch", "fitted", "interpreting", "precision",
+__all__ = ["LN2", "LOG2E", "MAX_COUNTER", "MAX_HEAD_SIZE", "available", "env_switch", "fitted", "interpreting", "precision",
            "refusal", "shape_class", "shared_memory", "switched_on", "tuned_blocks"]
 
 logger = logging.getLogger(__name__)
@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 # Head sizes (of q / k and of v) up to this are padded to a power of two >= 16 inside the kernels (masked loads).
 MAX_HEAD_SIZE = 128
 LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
 # The random draws (dropout masks, FiSH's noise) are keyed by 32-bit counters of the positions they cover: a call
 # whose counters reach this is refused (they would wrap and repeat draws).
 MAX_COUNTER = 2**31
@@ -222,7 +223,106 @@ if triton is not None:
         return start
 
     @triton.jit
+    def online_softmax(a, m_i, l_i):
+        """One block of scores a (rows x keys, -inf where hidden) into the online softmax's running maximum m_i and
+        sum l_i: (P = exp(a - m_new), the factor alpha rescaling the earlier blocks, m_new, l_new); rows that have
+        seen nothing yet keep P 0. exp2(a log2 e - m log2 e), one FMA a score (the flash baseline's form; backward
+        forms P from A - m exactly, where its cancelling sums need it)."""
+        m_new = tl.maximum(m_i, tl.max(a, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new) * _LOG2E_C
+        p = tl.exp2(a * _LOG2E_C - m_use[:, None])
+        alpha = tl.exp2(m_i * _LOG2E_C - m_use)
+        return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+    @triton.jit
     def softmax_state(BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
         """The online softmax's start for a block of query rows: running maximum -inf, sum 0, output 0."""
         return (tl.full([BLOCK_M], float("-inf"), tl.float32), tl.zeros([BLOCK_M], tl.float32),
                 tl.zeros([BLOCK_M, BLOCK_DV], tl.float32))
+
+    # Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011), as Triton's (the
+    # generator of tl.randint4x), with each 32 x 32-bit product written as one 64-bit one (ptxas: one IMAD.WIDE.U32
+    # for high and low word; as umulhi + mul it paired them less often, ~62 instructions a call in the FiSH forward
+    # against ~54) and the stream in the key's second word (the counter's other words 0: its first round folds).
+    _ROUND_A, _ROUND_B = tl.constexpr(0xD2511F53), tl.constexpr(0xCD9E8D57)
+    _KEY_A, _KEY_B = tl.constexpr(0x9E3779B9), tl.constexpr(0xBB67AE85)
+
+    @triton.jit
+    def _mul_hi_lo(a, b: tl.constexpr):
+        p = a.to(tl.uint64) * b
+        return (p >> 32).to(tl.uint32), p.to(tl.uint32)
+
+    @triton.jit
+    def philox4(c0, k0, k1):
+        """The four 32-bit words of Philox4x32-10 for counters (c0, 0, 0, 0) (c0 uint32 of any shape) and key (k0,
+        k1) (scalars)."""
+        c1 = c0 * 0
+        c2 = c1
+        c3 = c1
+        k0 = k0.to(tl.uint32)
+        k1 = k1.to(tl.uint32)
+        for _ in tl.static_range(10):
+            hi0, lo0 = _mul_hi_lo(c0, _ROUND_A)
+            hi2, lo2 = _mul_hi_lo(c2, _ROUND_B)
+            c0, c1, c2, c3 = hi2 ^ c1 ^ k0, lo2, hi0 ^ c3 ^ k1, lo0
+            k0 = tl.add(k0, _KEY_A, sanitize_overflow=False)
+            k1 = tl.add(k1, _KEY_B, sanitize_overflow=False)
+        return c0, c1, c2, c3
+
+    _TWO_PI_2_32 = tl.constexpr(6.283185307179586 / 2**32)
+    _LOG2E_C = tl.constexpr(LOG2E)
+    _MINUS_2_LN2 = tl.constexpr(-2 * LN2)
+    # lg2.approx, sin.approx, cos.approx on a GPU: one MUFU each (relative error < 2^-22 for lg2, absolute < 2^-20.9
+    # for sin / cos on [-pi, pi], the angle's range here), where tl.log2 / tl.sin / tl.cos are libdevice's float32
+    # polynomials (~15 FMA each, sin / cos with a slow argument reduction); the interpreter has no libdevice, so
+    # numpy's there (the same draws to float32's rounding).
+    _FAST_MATH = tl.constexpr(not _INTERPRETED)
+    if not _INTERPRETED:
+        from triton.language.extra.cuda import libdevice as _libdevice
+
+    @triton.jit
+    def _box_muller(i, t):
+        """Both normals of the Box-Muller transform of two 32-bit words: radius from i, uniform in (0, 1] as
+        (i + 1/2) 2^-32 (never 0: the radius reaches 6.7 sigma); angle from t as a signed word, in [-pi, pi)."""
+        u = i.to(tl.float32) * (1.0 / 2**32) + (0.5 / 2**32)
+        theta = t.to(tl.int32, bitcast=True).to(tl.float32) * _TWO_PI_2_32
+        if _FAST_MATH:
+            r = tl.sqrt(_libdevice.fast_log2f(u) * _MINUS_2_LN2)
+            return r * _libdevice.fast_cosf(theta), r * _libdevice.fast_sinf(theta)
+        r = tl.sqrt(tl.log2(u) * _MINUS_2_LN2)
+        return r * tl.cos(theta), r * tl.sin(theta)
+
+    @triton.jit
+    def normal_tile(seed, stream, base, start_n, BLOCK_N: tl.constexpr):
+        """Standard normals (R, BLOCK_N) for rows with counter bases `base` (R,) and the columns start_n + [0,
+        BLOCK_N) (start_n a multiple of 4): element (r, n) is normal (0, 2, 1, 3)[n % 4] of Philox's call at counter
+        (base_r + n // 4, 0, 0, 0) under key (seed, stream), normals 0, 1 the Box-Muller pair of words 0, 1 and 2, 3
+        that of words 2, 3 (the order tl.join's nesting gives). The key's second word tells draws apart (a batch x head): unlike seed
+        + offset keys, two calls' or heads' streams never overlap. Every word of a call is used (two Box-Muller pairs:
+        four normals), where tl.randn uses one normal of a call and throws three words away; counter-based, so
+        backward regenerates it."""
+        c = (base[:, None] + (start_n // 4 + tl.arange(0, BLOCK_N // 4))[None, :]).to(tl.uint32)
+        i0, i1, i2, i3 = philox4(c, seed, stream)
+        z0, z1 = _box_muller(i0, i1)
+        z2, z3 = _box_muller(i2, i3)
+        return tl.reshape(tl.join(tl.join(z0, z1), tl.join(z2, z3)), (base.shape[0], BLOCK_N))
+
+    @triton.jit
+    def free_keys_end(start_m, BLOCK_N: tl.constexpr, N, S, CAUSAL: tl.constexpr):
+        """The end of the key blocks (from 0) that need no mask for the query rows start_m + [0, BLOCK_M): whole
+        blocks within S that, causal, even the first row sees entirely. Blocks from here to key_end are masked."""
+        end = S // BLOCK_N * BLOCK_N
+        if CAUSAL:
+            end = tl.minimum(end, tl.maximum(start_m + S - N + 1, 0) // BLOCK_N * BLOCK_N)
+        return end
+
+    @triton.jit
+    def free_queries_start(start_n, lo, BLOCK_M: tl.constexpr, BLOCK_N, N, S, CAUSAL: tl.constexpr):
+        """The first block of query rows (from `lo`, query_start's) that sees every key of start_n + [0, BLOCK_N)
+        (causal: its first row), at most the end of the whole row blocks; blocks before it are masked, and the blocks
+        from the end of the whole row blocks on (rows past N)."""
+        start = lo
+        if CAUSAL:
+            first = tl.maximum(start_n + BLOCK_N - 1 - (S - N), 0)
+            start = tl.maximum(lo, (first + BLOCK_M - 1) // BLOCK_M * BLOCK_M)
+        return tl.minimum(start, tl.maximum(lo, N // BLOCK_M * BLOCK_M))

@@ -206,10 +206,11 @@ def launches(path, direction, target=90, dtype="bf16", head_size=64, blocks=None
         if base["HARD"] and base["SHARED"]:
             return [dkv]
         return [launch(amt._bwd_dq_kernel, base, dtype, bm * bn, 0.5, options=opts), dkv]
-    # FiSH: forward per (batch x local head, query block) over key blocks; dQ per (batch, query block) over the H
-    # local heads and, for each, the key blocks; dK / dV per (batch, key block) over the heads and the query blocks.
-    # Each inner iteration covers one local head's block of pairs, once per pass: 1.0 per pair and local head, and
-    # FiSH's H local heads stand against softmax's H heads
+    # FiSH: forward per (batch x local head, query block) over key blocks; dQ per (batch x local head, query block)
+    # over the key blocks (linear mixing; a network's per (batch, query block) over the H local heads and, for each,
+    # the key blocks, in blocks of aft.kv_rows(BLOCK_N) keys); dK / dV per (batch, key block) over the heads and the
+    # query blocks (of aft.kv_rows(BLOCK_M) rows). Each inner iteration covers one local head's block of pairs,
+    # once per pass: 1.0 per pair and local head, and FiSH's H local heads stand against softmax's H heads
     kind = "fish" if path == "mish" else path
     bm, bn = blocks or aft.block_sizes("cuda", GLOBAL_HEADS, head_size, head_size, torch_dtype, shared)
     base = dict(MP=triton.next_power_of_2(GLOBAL_HEADS), NETWORK=kind.endswith("gfish"),
@@ -219,7 +220,10 @@ def launches(path, direction, target=90, dtype="bf16", head_size=64, blocks=None
     if direction == "forward":
         return [launch(aft._fwd_kernel, base, dtype, bm * bn, 1.0)]
     back = {**base, "HP": triton.next_power_of_2(LOCAL_HEADS)}
-    return [launch(aft._bwd_q_kernel, back, dtype, bm * bn, 1.0), launch(aft._bwd_kv_kernel, back, dtype, bm * bn, 1.0)]
+    # dK / dV: half the query rows an iteration; a network's dQ half the keys (aft.kv_rows)
+    q_keys = aft.kv_rows(bn) if base["NETWORK"] else bn
+    return [launch(aft._bwd_q_kernel, back, dtype, bm * q_keys, 1.0),
+            launch(aft._bwd_kv_kernel, back, dtype, aft.kv_rows(bm) * bn, 1.0)]
 
 
 # ---- compile and count ----------------------------------------------------------------------------------------------
