@@ -83,10 +83,16 @@ def kv_rows(block_m):
 
 
 if triton is not None:
-    from . import attention_fish_triton_linear as _lin
+    from .attention_fish_triton_linear import bwd_kv as _lin_bwd_kv
+    from .attention_fish_triton_linear import bwd_q as _lin_bwd_q
+    from .attention_fish_triton_linear import fwd as _lin_fwd
+    from .attention_fish_triton_linear import noise as _lin_noise
 
     KV_ROWS = triton.constexpr_function(kv_rows)
-    from . import attention_fish_triton_network as _net
+    from .attention_fish_triton_network import bwd_kv as _net_bwd_kv
+    from .attention_fish_triton_network import bwd_q as _net_bwd_q
+    from .attention_fish_triton_network import fwd as _net_fwd
+    from .attention_fish_triton_network import global_noise as _net_global_noise
 
     # Each kernel takes both kinds of mixing (the same names, arguments and constants as before the split) and runs
     # one body: linear mixing folded into the query (attention_fish_triton_linear) or the network on the (MP, rows,
@@ -99,10 +105,10 @@ if triton is not None:
                     CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
         if NETWORK:
-            _net.fwd(Q, K, V, SIG, W1, B1, W2, B2, KB, O, LSE, N, S, D, BLOCK_DV, M, H, scale, P_DROP, SEED, NSEED, MP,
+            _net_fwd(Q, K, V, SIG, W1, B1, W2, B2, KB, O, LSE, N, S, D, BLOCK_DV, M, H, scale, P_DROP, SEED, NSEED, MP,
                      NOISE, PADDED, CAUSAL, DROPOUT, PREC, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
         else:
-            _lin.fwd(Q, K, V, STD, KB, O, LSE, N, S, H, P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT, PREC,
+            _lin_fwd(Q, K, V, STD, KB, O, LSE, N, S, H, P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT, PREC,
                      BLOCK_M, BLOCK_N, BLOCK_DV, MP * BLOCK_D)
 
     @triton.jit
@@ -112,11 +118,11 @@ if triton is not None:
                       DROPOUT: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
         if NETWORK:  # blocks of half the keys: the MP tiles of X and of dX beside the dQ accumulators spilled
-            _net.bwd_q(Q, K, V, DO, LSE, DELTA, SIG, W1, B1, W2, B2, KB, DQ, DW1P, DB1P, DW2P, DB2P, DSIGP, N, S, D,
+            _net_bwd_q(Q, K, V, DO, LSE, DELTA, SIG, W1, B1, W2, B2, KB, DQ, DW1P, DB1P, DW2P, DB2P, DSIGP, N, S, D,
                        BLOCK_DV, M, H, scale, P_DROP, SEED, NSEED, MP, HP, NOISE, PADDED, CAUSAL, DROPOUT, PREC, BLOCK_M,
                        KV_ROWS(BLOCK_N), BLOCK_D, BLOCK_DV)
         else:
-            _lin.bwd_q(Q, K, V, DO, LSE, DELTA, STD, KB, DQ, DSP, N, S, H, P_DROP, SEED, NSEED, NOISE, PADDED,
+            _lin_bwd_q(Q, K, V, DO, LSE, DELTA, STD, KB, DQ, DSP, N, S, H, P_DROP, SEED, NSEED, NOISE, PADDED,
                        CAUSAL, DROPOUT, PREC, BLOCK_M, BLOCK_N, BLOCK_DV, MP * BLOCK_D)
 
     @triton.jit
@@ -128,11 +134,11 @@ if triton is not None:
         # query blocks of half the rows: dK (BLOCK_N x W) and dV in float32 take twice the baseline's accumulators,
         # and at full blocks the tiles beside them (the noise's words, a network's MP tiles of X and dX) spilled
         if NETWORK:
-            _net.bwd_kv(Q, K, V, DO, LSE, DELTA, SIG, W1, B1, W2, B2, KB, DK, DVO, N, S, D, BLOCK_DV, M, H, scale, P_DROP,
+            _net_bwd_kv(Q, K, V, DO, LSE, DELTA, SIG, W1, B1, W2, B2, KB, DK, DVO, N, S, D, BLOCK_DV, M, H, scale, P_DROP,
                         SEED, NSEED, MP, HP, NOISE, PADDED, CAUSAL, DROPOUT, PREC, KV_ROWS(BLOCK_M), BLOCK_N, BLOCK_D,
                         BLOCK_DV)
         else:
-            _lin.bwd_kv(Q, K, V, DO, LSE, DELTA, STD, KB, DK, DVO, N, S, H, P_DROP, SEED, NSEED, NOISE, PADDED,
+            _lin_bwd_kv(Q, K, V, DO, LSE, DELTA, STD, KB, DK, DVO, N, S, H, P_DROP, SEED, NSEED, NOISE, PADDED,
                         CAUSAL, DROPOUT, PREC, KV_ROWS(BLOCK_M), BLOCK_N, BLOCK_DV, MP * BLOCK_D)
 
     @triton.jit
@@ -146,13 +152,13 @@ if triton is not None:
         offs_k = tl.arange(0, MP)
         seen = (offs_m < N)[:, None] & (offs_n < S)[None, :]
         if NETWORK:
-            eps3 = _net.global_noise(NSEED, b, offs_k, offs_m, start_n, N, S, BLOCK_N)
+            eps3 = _net_global_noise(NSEED, b, offs_k, offs_m, start_n, N, S, BLOCK_N)
             tl.store(E + b.to(tl.int64) * M * N * S + (offs_k[:, None, None] * N + offs_m[None, :, None]) * S
                      + offs_n[None, None, :],
                      eps3, mask=(offs_k < M)[:, None, None] & seen[None, :, :])
         else:
             for j in range(H):
-                eps = _lin.noise(NSEED, b, j, H, offs_m, start_n, S, BLOCK_N)
+                eps = _lin_noise(NSEED, b, j, H, offs_m, start_n, S, BLOCK_N)
                 tl.store(E + (b.to(tl.int64) * H + j) * N * S + offs_m[:, None] * S + offs_n[None, :], eps, mask=seen)
 
 

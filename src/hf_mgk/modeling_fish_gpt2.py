@@ -24,6 +24,9 @@ from .attention_autotune import choose  # noqa: F401
 from .attention_blocks import row_blocks  # noqa: F401
 from .attention_fish_recomputed import mix  # noqa: F401
 from .attention_fish_triton import fish_triton  # noqa: F401
+# (LOG2E: a name these two have without Triton too)
+from .attention_fish_triton_linear import LOG2E  # noqa: F401
+from .attention_fish_triton_network import LOG2E  # noqa: F401,F811
 from .attention_masks import allowed_pairs  # noqa: F401
 from .attention_triton import available  # noqa: F401
 from .config_checks import check_int_range  # noqa: F401
