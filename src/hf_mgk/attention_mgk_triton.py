@@ -77,11 +77,12 @@ def launch_options(block_m, block_n):
     return dict(num_warps=8 if block_m * block_n >= 128 * 64 else 4, num_stages=2)
 
 
-def dkv_rows(block_n):
-    """The query rows an iteration of the key-major dK / dV program takes: half the forward's (at least 16). Its
-    M dK accumulators, dV and the tiles of a (keys, rows) iteration held at 128 x 64 spilled on sm_90 (dropout:
-    ~150 spill loads / stores an iteration); at 128 keys x 32 rows, M = 2 compiles without (kernel notes)."""
-    return max(16, block_n // 2)
+def dkv_rows(block_n, num_keys=2):
+    """The query rows an iteration of the key-major dK / dV program takes: half the forward's, a quarter for M >= 3
+    keys (at least 16). Its M dK accumulators, dV and the tiles of a (keys, rows) iteration held at 128 x 64 spilled
+    on sm_90 (dropout: ~150 spill loads / stores an iteration); at 128 keys x 32 rows M = 2 compiles without, at
+    128 x 16 M = 3 and M = 4 without dropout do (kernel notes)."""
+    return max(16, block_n // (2 if num_keys <= 2 else 4))
 
 
 if triton is not None:
@@ -528,8 +529,8 @@ class _TritonMGK(torch.autograd.Function):
                                                           **consts, **launch_options(block_m, block_n))
         # dK / dV key-major: block_m keys a program, dkv_rows(block_n) query rows an iteration, with the warps of the
         # forward's tile (the same keys x D accumulators a thread)
-        consts = _constants(q, n, s, d, dv, m, consts["HARD"], consts["CAUSAL"], consts["SHARED"], dkv_rows(block_n),
-                            block_m, dropout_p)
+        consts = _constants(q, n, s, d, dv, m, consts["HARD"], consts["CAUSAL"], consts["SHARED"],
+                            dkv_rows(block_n, m), block_m, dropout_p)
         _bwd_dkv_kernel[(bh, triton.cdiv(s, block_m))](q, k, v, x2, y2, s2, dout, lse, delta, dk, dvv, dy, dq, dx,
                                                        *args, **consts, **launch_options(block_m, block_n))
         if one_pass:  # sum_r dx_ir = sum_j a_ij (dp_ij - delta_i) = 0
