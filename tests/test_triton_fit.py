@@ -31,7 +31,10 @@ def test_the_families_blocks_follow_the_dtype_and_the_gpu(monkeypatch):
     assert amt.block_sizes("cuda", 64, 64, torch.float32) == (32, 32)
     assert amt.block_sizes("cuda", 64, 64, torch.bfloat16) == (128, 64)
     assert aft.block_sizes("cuda", 2, 64, 64, torch.float32, 163 * KB) == (32, 32)
-    assert aft.block_sizes("cuda", 4, 64, 64, torch.float32, 99 * KB) == (16, 32)
+    # FiSH wider than 128 (M x D): 32 keys on a small GPU (the folded key tile at 64 keys passes 99 KB)
+    assert aft.block_sizes("cuda", 4, 64, 64, torch.bfloat16, 99 * KB) == (32, 32)
+    assert aft.block_sizes("cuda", 2, 128, 128, torch.float32, 99 * KB) == (16, 16)
+    assert aft.block_sizes("cuda", 4, 64, 64, torch.bfloat16, 227 * KB) == (32, 64)
     assert amt.block_sizes("cpu", 64, 64, torch.float32) == (32, 32)             # the interpreter's tiles
     monkeypatch.setenv("HF_MGK_TRITON_BLOCKS", "mgk:w64=64x64,fish:w128=64x64")  # a tuning is taken as given
     assert amt.block_sizes("cuda", 64, 64, torch.float32) == (64, 64)

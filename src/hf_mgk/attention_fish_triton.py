@@ -66,7 +66,11 @@ def block_sizes(device_type, num_global, head_size, value_size, dtype=torch.bflo
         default = (16, 16)
     else:
         width = triton.next_power_of_2(num_global) * max(head_size, value_size)
-        default = fitted((64, 64) if width <= 128 else (32, 64) if width <= 256 else (16, 64), dtype, shared)
+        default = (64, 64) if width <= 128 else (32, 64) if width <= 256 else (16, 64)
+        if width > 128 and shared is not None and shared < 200 * 1024:
+            # the folded key tile (keys x width, 3 stages) at 64 keys passes sm_86's 99 KB from width 256 on
+            default = (default[0], 32)
+        default = fitted(default, dtype, shared)
     return tuned_blocks("fish", default, shape_class(max(head_size, value_size), num_global))
 
 
