@@ -43,6 +43,7 @@ from .attention_triton import (LOG2E, MAX_HEAD_SIZE, available, precision, refus
 
 if triton is not None:
     from .attention_triton import dot as _dot
+    from .attention_triton import free_keys_end as _free_keys_end
     from .attention_triton import keep as _keep
     from .attention_triton import key_end as _key_end
     from .attention_triton import query_start as _query_start
@@ -233,17 +234,6 @@ if triton is not None:
         return m_new, l_i, acc
 
     @triton.jit
-    def _key_blocks(start_m, N, S, CAUSAL: tl.constexpr, EVEN_S: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr):
-        """(full, end) for a block of query rows: the key blocks before `full` need no mask (every row sees all
-        their keys, all inside S), those from `full` to `end` do (the causal diagonal, a ragged last block)."""
-        full = S if EVEN_S else S // BLOCK_N * BLOCK_N
-        end = _key_end(start_m, BLOCK_M, N, S, CAUSAL)
-        if CAUSAL:  # the first row's last key is start_m + S - N
-            full = tl.minimum(full, tl.maximum(start_m + S - N + 1, 0) // BLOCK_N * BLOCK_N)
-        return full, end
-
-    @triton.jit
     def _fwd_kernel(Q, K, V, X, Y, S2, O, LSE, N, S, D, DV, P_DROP, SEED,
                     DROPOUT: tl.constexpr, M: tl.constexpr, HARD: tl.constexpr, CAUSAL: tl.constexpr,
                     SHARED: tl.constexpr, EVEN_N: tl.constexpr, EVEN_S: tl.constexpr, EVEN_D: tl.constexpr,
@@ -267,7 +257,8 @@ if triton is not None:
         for r in tl.static_range(M):
             s2s = s2s + (tl.load(S2 + r),)
         m_i, l_i, acc = _softmax_state(BLOCK_M, BLOCK_DV)
-        full, end = _key_blocks(start_m, N, S, CAUSAL, EVEN_S, BLOCK_M, BLOCK_N)
+        # key blocks before `full` need no mask (all inside S, every row sees them), those up to `end` do
+        full, end = _free_keys_end(start_m, BLOCK_N, N, S, CAUSAL), _key_end(start_m, BLOCK_M, N, S, CAUSAL)
         for start_n in range(0, full, BLOCK_N):  # no mask
             m_i, l_i, acc = _fwd_step(q, xs, s2s, K, stride_kr, V, Y, start_n, offs_m, offs_d, offs_dv, m_i, l_i,
                                       acc, N, S, D, DV, P_DROP, SEED, bh, DROPOUT, M, HARD, SHARED, False, True,
@@ -352,7 +343,8 @@ if triton is not None:
                 xls = xls + ((xs[r] - lse + tl.log2(s2s[r]))[:, None],)
             dxs = dxs + (tl.zeros([BLOCK_M], tl.float32),)
         dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        full, end = _key_blocks(start_m, N, S, CAUSAL, EVEN_S, BLOCK_M, BLOCK_N)
+        # key blocks before `full` need no mask (all inside S, every row sees them), those up to `end` do
+        full, end = _free_keys_end(start_m, BLOCK_N, N, S, CAUSAL), _key_end(start_m, BLOCK_M, N, S, CAUSAL)
         for start_n in range(0, full, BLOCK_N):  # no mask
             dq, dxs = _dq_step(q, do, xls, delta, s2s, K, stride_kr, V, Y, start_n, offs_m, offs_d, offs_dv, dq, dxs,
                                N, S, D, DV, P_DROP, SEED, bh, DROPOUT, M, HARD, SHARED, False, True, EVEN_D, PREC,
