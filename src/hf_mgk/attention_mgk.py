@@ -118,7 +118,7 @@ def _refusals(*, e_step, return_weights, device_type, dtype, autocast, tracing, 
 
 
 def _backend(backend, query, value, variances, attention_mask, e_step, return_weights, dropout_p=0.0, timed=None):
-    """The backend a call runs (resolve_backend); timed: attention_autotune.timed's function for this call, or None."""
+    """The backend a call runs (resolve_backend); timed: `_timed`'s function for this call, or None."""
     facts = dict(e_step=e_step, return_weights=return_weights, device_type=query.device.type, dtype=query.dtype,
                  autocast=autocast_enabled(query.device.type), tracing=is_tracing(),
                  mask=mask_kind(attention_mask), triton=triton_available(),
@@ -133,19 +133,23 @@ def _backend(backend, query, value, variances, attention_mask, e_step, return_we
 
 def _timed(function, query, keys, key_shift, value, variances, log_prior, e_step, attention_mask, is_causal,
            dropout_p):
-    """attention_autotune.timed for an MGK (key_shift None) or sMGK call of `function`: the call's kind, and how to
-    run it on a named backend."""
+    """attention_autotune.timed's function for an MGK (key_shift None) or sMGK call of `function`: the call's kind,
+    and how to run it on a named backend, formed only when resolve_backend asks (on a GPU where the kernels can run
+    the call), not on every call."""
     def call(name, q, k, shift, v, prior, mask):
         args = (q, k, v) if shift is None else (q, k, shift, v)
         return function(*args, variances=variances, log_prior=prior, e_step=e_step, attention_mask=mask,
                         is_causal=is_causal, dropout_p=dropout_p, backend=name)
-    b, h, n, d = query.shape
-    s, dv = value.shape[2:]
-    m = keys.shape[2] if key_shift is None else key_shift.shape[1]
-    family = ("mgk " if key_shift is None else "smgk ") + e_step
-    return timed(family, call, (query, keys, key_shift, value, log_prior, attention_mask), query.device,
-                 dtype=query.dtype, batch=b, lengths=(n, s), H=h, M=m, D=d, Dv=dv, mask=mask_kind(attention_mask),
-                 causal=bool(is_causal), dropout=dropout_p > 0, prior=log_prior is not None)
+
+    def measured(eager):
+        b, h, n, d = query.shape
+        s, dv = value.shape[2:]
+        m = keys.shape[2] if key_shift is None else key_shift.shape[1]
+        family = ("mgk " if key_shift is None else "smgk ") + e_step
+        return timed(family, call, (query, keys, key_shift, value, log_prior, attention_mask), query.device,
+                     dtype=query.dtype, batch=b, lengths=(n, s), H=h, M=m, D=d, Dv=dv, mask=mask_kind(attention_mask),
+                     causal=bool(is_causal), dropout=dropout_p > 0, prior=log_prior is not None)(eager)
+    return measured
 
 
 def _as_variances(variances, like: torch.Tensor, num_keys: int) -> torch.Tensor:
