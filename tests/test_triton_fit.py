@@ -16,13 +16,13 @@ KB = 1024
 
 
 def test_float32_blocks_are_halved():
-    for shared in (99 * KB, 163 * KB):
-        assert at.fitted((64, 64), torch.float32, shared) == (32, 32)
-        assert at.fitted((16, 64), torch.float32, shared) == (16, 32)            # 16 at least (tl.dot's least)
-        assert at.fitted((64, 64), torch.bfloat16, shared) == (64, 64)
-        assert at.fitted((64, 64), torch.float16, shared) == (64, 64)
-    assert at.fitted((64, 64), torch.float32, 227 * KB) == (32, 32)              # Hopper too (FiSH's dQ: 256 KB)
-    assert at.fitted((64, 64), torch.float32, None) == (64, 64)                  # the interpreter: no limit
+    assert at.fitted((64, 64), torch.float32) == (32, 32)
+    assert at.fitted((16, 64), torch.float32) == (16, 32)                        # 16 at least (tl.dot's least)
+    assert at.fitted((64, 64), torch.bfloat16) == (64, 64)
+    assert at.fitted((64, 64), torch.float16) == (64, 64)
+    for shared in (99 * KB, 163 * KB, 227 * KB):                                 # Hopper too (FiSH's dQ: 256 KB)
+        assert aft.block_sizes("cuda", 2, 64, 64, torch.float32, shared) == (32, 32)
+    assert aft.block_sizes("cpu", 2, 64, 64, torch.float32, None) == (16, 16)    # the interpreter's own tiles
 
 
 def test_the_families_blocks_follow_the_dtype_and_the_gpu(monkeypatch):

@@ -59,9 +59,9 @@ def counters(num_global, n, s, network, noise):
 
 def block_sizes(device_type, num_global, head_size, value_size, dtype=torch.bfloat16, shared=None):
     """(BLOCK_M query rows, BLOCK_N keys) of a program: the interpreter's small tiles (the tests' short sequences
-    span several blocks); on a GPU defaults where the (M, rows, keys) block of global scores bounds the rows, fitted
-    to the GPU's `shared` memory per program in `dtype` (attention_triton.fitted), or the tuned sizes
-    (attention_triton.tuned_blocks)."""
+    span several blocks); on a GPU defaults where the (M, rows, keys) block of global scores bounds the rows, with
+    fewer keys past width 128 where the GPU's `shared` memory per program is under 200 KB and halved in float32
+    (attention_triton.fitted), or the tuned sizes (attention_triton.tuned_blocks)."""
     if device_type == "cpu":
         default = (16, 16)
     else:
@@ -70,7 +70,7 @@ def block_sizes(device_type, num_global, head_size, value_size, dtype=torch.bflo
         if width > 128 and shared is not None and shared < 200 * 1024:
             # the folded key tile (keys x width, 3 stages) at 64 keys passes sm_86's 99 KB from width 256 on
             default = (default[0], 32)
-        default = fitted(default, dtype, shared)
+        default = fitted(default, dtype)
     return tuned_blocks("fish", default, shape_class(max(head_size, value_size), num_global))
 
 

@@ -165,13 +165,13 @@ def shared_memory(device):
     return _SHARED[index]
 
 
-def fitted(blocks, dtype, shared):
-    """A family's default (BLOCK_M, BLOCK_N) for a call in `dtype` on a GPU (`shared`: its shared memory per
-    program; None for the interpreter, which has no such limit): as they are, or halved (to 16 at least) for float32.
-    float32 tiles take twice half precision's bytes, and FiSH's tiles in flight (3 stages) at the half-precision
-    defaults then need 100-180 KB on sm_86 and up to 256 KB (its dQ kernel, the query folded over M global heads) on
-    sm_90; halved, they fit the 99 KB of sm_86 (compiled and checked in the slow tests) and Hopper's 227 KB."""
-    if dtype == torch.float32 and shared is not None:
+def fitted(blocks, dtype):
+    """A family's default GPU (BLOCK_M, BLOCK_N) for a call in `dtype`: as they are, or halved (to 16 at least) for
+    float32. float32 tiles take twice half precision's bytes, and FiSH's tiles in flight (3 stages) at the
+    half-precision defaults then need 100-180 KB on sm_86 and up to 256 KB (its dQ kernel, the query folded over M
+    global heads) on sm_90; halved, they fit the 99 KB of sm_86 (compiled and checked in the slow tests) and
+    Hopper's 227 KB."""
+    if dtype == torch.float32:
         return tuple(max(16, b // 2) for b in blocks)
     return tuple(blocks)
 
