@@ -62,7 +62,7 @@ def measure_alone_interleaved(kind, paths, shape, repeats, threads):
     for result, seconds in zip(results, measure.alternate(steps, repeats)):
         if seconds is not None:
             result["seconds"] = seconds
-    return {"rows": results, "chosen": chosen()}
+    return {"rows": results}
 
 
 def alone_rows(kind, paths, shape_of, lengths, args, child, child_args):
@@ -79,7 +79,6 @@ def alone_rows(kind, paths, shape_of, lengths, args, child, child_args):
         for n in lengths:
             together = measure.call_child("measure_alone_interleaved",
                                           [kind, every, shape_of(n), args.repeats, args.threads])
-            rows.setdefault(("chosen", n), {}).update(together.get("chosen") or {})
             for path, got in zip(every, together.get("rows") or [together] * len(every)):
                 row = rows.setdefault((path, n), dict(got))
                 if "seconds" in got and "error" not in got:
@@ -103,8 +102,8 @@ def print_alone_rows(lengths, paths, rows, extra=lambda path, n, r, base: []):
                      *extra(p, n, r, base), f"{r['flops'] / base['flops']:.2f}", f"{r['peak_mib']:.0f}"]
             print(f"| {n} | " + " | ".join(cells) + " |")
     choices = {}
-    for (path, n), r in rows.items():
-        choices.update(r.get("chosen") or {} if path != "chosen" else r)
+    for r in rows.values():  # each measured row carries its process's choices (measure_alone)
+        choices.update(r.get("chosen") or {})
     if choices:
         print("\nbackend='auto' timed the Triton kernels against the eager path on each kind's first call and runs:")
         for kind in sorted(choices):
