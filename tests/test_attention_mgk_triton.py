@@ -296,10 +296,12 @@ import os
 ARCH = int(os.environ["HF_MGK_TEST_ARCH"])
 import hf_mgk.attention_mgk_triton as amt
 RUNTIME = {"N": "i32", "S": "i32", "D": "i32", "DV": "i32", "SEED": "i32", "P_DROP": "fp32"}
-for dt, hard in itertools.product(["bf16"], [False, True]):
-    base = dict(DROPOUT=True, M=2, HARD=hard, CAUSAL=True, SHARED=hard, EVEN_N=hard, EVEN_S=hard, EVEN_D=not hard,
+for dt, (hard, shared) in itertools.product(["bf16"], [(False, False), (True, True), (True, False)]):
+    base = dict(DROPOUT=True, M=2, HARD=hard, CAUSAL=True, SHARED=shared, EVEN_N=hard, EVEN_S=hard, EVEN_D=not hard,
                 PREC="ieee" if dt == "fp32" else None, BLOCK_M=32, BLOCK_N=32, BLOCK_D=32, BLOCK_DV=32)
-    for fn, extra in [(amt._fwd_kernel, {}), (amt._bwd_dq_kernel, {}), (amt._bwd_dkv_kernel, {})]:
+    one_pass = amt.is_one_pass(hard, shared, 2)
+    for fn, extra in [(amt._fwd_kernel, {}), (amt._bwd_dkv_kernel, {"DQ_ATOMIC": one_pass})] + (
+            [] if one_pass else [(amt._bwd_dq_kernel, {})]):
         consts = {**base, **extra}
         sig = {a: "constexpr" if a in consts else RUNTIME.get(a, "*" + dt if a in "Q K V DO O" else "*fp32")
                for a in fn.arg_names}
@@ -313,7 +315,7 @@ print("compiled")
 def test_kernels_compile_for_a_gpu_without_one(arch):
     """The interpreter runs the kernels as Python, so what only the compiler rejects (types of loop-carried values,
     constexpr branches, dot shapes) shows here: the kernels compiled for sm_90, sm_86 and sm_80 (Triton's frontend
-    and ptxas, no GPU needed), soft MGK and hard sMGK in bfloat16, with dropout and causal masks (float32's IEEE
+    and ptxas, no GPU needed), soft MGK, hard sMGK and hard MGK (one pass) in bfloat16, with dropout and causal masks (float32's IEEE
     products take ~10 s a kernel to compile: checked by hand). Blocks of 32 (the GPU's 64 compile too, in about
     three times as long: checked by hand)."""
     import subprocess

@@ -38,17 +38,24 @@ def test_every_launch_of_every_path_has_what_compiles_and_counts_it(path):
                 assert ln.constants.get("DROPOUT") is False and ln.constants.get("CAUSAL") is False
 
 
-def test_per_pair_weights_and_the_launches_of_a_pass():
+def test_per_pair_weights_and_the_launches_of_a_pass(monkeypatch):
     # MGK: H / 2 heads against softmax's H; backward: dQ, then dK / dV (every key r in one program, key-major:
     # the blocks the other way round)
     assert [ln.per_pair for ln in static.launches("mgk soft", "forward")] == [0.5]
-    back = static.launches("mgk hard", "backward")
+    back = static.launches("mgk soft", "backward")
     assert [ln.per_pair for ln in back] == [0.5, 0.5]
     assert [ln.name for ln in back] == ["_bwd_dq_kernel", "_bwd_dkv_kernel"]
     assert (back[1].constants["BLOCK_M"], back[1].constants["BLOCK_N"]) == (
         amt.dkv_rows(back[0].constants["BLOCK_N"]), back[0].constants["BLOCK_M"])          # keys x half the rows
-    # hard sMGK: one pass, the dK / dV programs adding dq and dx
+    assert not back[1].constants["DQ_ATOMIC"]
+    # the hard E-step: one pass, the dK / dV programs adding dq and dx (MGK up to 3 keys)
+    for path in ("mgk hard", "smgk hard"):
+        assert [(ln.name, ln.constants["DQ_ATOMIC"]) for ln in static.launches(path, "backward")] == [
+            ("_bwd_dkv_kernel", True)]
+    monkeypatch.setattr(static, "GLOBAL_HEADS", 4)
+    assert [ln.name for ln in static.launches("mgk hard", "backward")] == ["_bwd_dq_kernel", "_bwd_dkv_kernel"]
     assert [ln.name for ln in static.launches("smgk hard", "backward")] == ["_bwd_dkv_kernel"]
+    monkeypatch.undo()
     # FiSH: one local head's block of pairs an iteration, once per pass
     assert [ln.per_pair for ln in static.launches("gfish", "backward")] == [1.0, 1.0]
     assert [len(static.launches("softmax", d)) for d in ("forward", "backward")] == [1, 2]

@@ -32,7 +32,7 @@ is written:
 * Noise and dropout are counter-based draws (attention_triton): the noise attention_triton.normal_tile (Philox4x32-10
   under key (seed, stream), all four words of a call used: two Box-Muller pairs), stream b H + j for linear mixing
   (one normal per pair and local head), b for a network (rows k N + n: one per pair and global head); the dropout
-  mask tl.rand(seed' + b H + j, n S + s). The seeds: one per call from the caller's generator (noise) and from
+  mask attention_triton.keep (stream 2^31 + b H + j: one word a pair, four a call). The seeds: one per call from the caller's generator (noise) and from
   torch's (dropout). Backward regenerates both; 32-bit counters bound N S (M N S for a network's noise) below 2^31.
 
 Torch, and Triton where it is installed (this file travels next to remote-code model files; without Triton the

@@ -117,7 +117,7 @@ if triton is not None:
         offs_n = start_n + tl.arange(0, BLOCK_N)
         v = _value_tile(V, offs_n, S, EDGE, BLOCK_DV)
         if DROPOUT:  # the weights dropped after the normalisation: l sums the undropped P
-            p = tl.where(_keep(SEED, bh, offs_m, offs_n, S, P_DROP), p / (1.0 - P_DROP), 0.0)
+            p = tl.where(_keep(SEED, bh, offs_m, start_n, S, P_DROP, BLOCK_N), p / (1.0 - P_DROP), 0.0)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PREC)
         return m_new, l_i, acc
 
@@ -168,7 +168,7 @@ if triton is not None:
             dp = _dot(do, tl.trans(v), PREC)
         p_used = p
         if DROPOUT:  # d P_ij = mask_ij dO_i . v_j / (1 - p)
-            kept = _keep(SEED, b * H + j, offs_m, start_n + tl.arange(0, BLOCK_N), S, P_DROP)
+            kept = _keep(SEED, b * H + j, offs_m, start_n, S, P_DROP, BLOCK_N)
             if T:
                 kept = tl.trans(kept)
             p_used = tl.where(kept, p / (1.0 - P_DROP), 0.0)

@@ -134,7 +134,7 @@ if triton is not None:
         p, alpha, m_new, l_i = _online_softmax(a, m_i, l_i)
         v = _value_tile(V, offs_n, S, EDGE, BLOCK_DV)
         if DROPOUT:  # the weights dropped after the normalisation: l sums the undropped P
-            p = tl.where(_keep(SEED, bh, offs_m, offs_n, S, P_DROP), p / (1.0 - P_DROP), 0.0)
+            p = tl.where(_keep(SEED, bh, offs_m, start_n, S, P_DROP, BLOCK_N), p / (1.0 - P_DROP), 0.0)
         return m_new, l_i, acc * alpha[:, None] + _dot(p.to(v.dtype), v, PREC)
 
     @triton.jit
@@ -181,7 +181,7 @@ if triton is not None:
         dp = _dot(do, tl.trans(v), PREC)
         p_used = p
         if DROPOUT:  # d P_ij = mask_ij dO_i . v_j / (1 - p)
-            kept = _keep(SEED, b * H + j, offs_m, start_n + tl.arange(0, BLOCK_N), S, P_DROP)
+            kept = _keep(SEED, b * H + j, offs_m, start_n, S, P_DROP, BLOCK_N)
             p_used = tl.where(kept, p / (1.0 - P_DROP), 0.0)
             dp = tl.where(kept, dp / (1.0 - P_DROP), 0.0)
         return xs, epss, p_used, p * (dp - delta[:, None])

@@ -26,9 +26,10 @@ products with V, so that delta_i = dO_i . h_i holds to ~16 bits; see backward).
 Backward recomputes a_ijr = exp2(L_ijr - lse_i) from q and k: dL_ijr = a_ijr (dO_i . v_j - delta_i) (hard: a_ij
 split between the keys with the largest term, ties equally as torch.amax's backward). dK, dV and dy per key block
 over the query blocks, key-major, every key r of the block in one program (dV from one product with sum_r a_ijr);
-dQ and dx per query block over the key blocks in a second pass, or (hard sMGK) added by the dK / dV programs.
+dQ and dx per query block over the key blocks in a second pass, or (the hard E-step, is_one_pass) added by the
+dK / dV programs.
 Dropout (on a_ij, as F.dropout on the weights): a counter-based draw per (batch x head, query, key),
-tl.rand(seed + batch x head, i S + j), one seed from torch's generator per call: forward and backward regenerate
+attention_triton.keep (one Philox word a pair), one seed from torch's generator per call: forward and backward regenerate
 the same mask with nothing stored, and a seeded run repeats.
 Torch, and Triton where it is installed (this file travels next to remote-code model files: the import is guarded);
 on CPU tensors the kernels run in Triton's interpreter when TRITON_INTERPRET=1 was set before triton's import.
@@ -49,7 +50,8 @@ if triton is not None:
     from .attention_triton import query_start as _query_start
     from .attention_triton import softmax_state as _softmax_state
 
-__all__ = ["MAX_HEAD_SIZE", "available", "block_sizes", "dkv_rows", "launch_options", "mgk_triton", "refusal"]
+__all__ = ["MAX_HEAD_SIZE", "available", "block_sizes", "dkv_rows", "is_one_pass", "launch_options", "mgk_triton",
+           "refusal"]
 
 
 def block_sizes(device_type, head_size, value_size, dtype=None):
@@ -84,6 +86,15 @@ def dkv_rows(block_n, num_keys=2):
     on sm_90 (dropout: ~150 spill loads / stores an iteration); at 128 keys x 32 rows M = 2 compiles without, at
     128 x 16 M = 3 and M = 4 without dropout do (kernel notes)."""
     return max(16, block_n // (2 if num_keys <= 2 else 4))
+
+
+def is_one_pass(hard, shared, num_keys):
+    """Whether the backward is one pass, dq and dx added by the dK / dV programs (float32 atomics), rather than a dQ
+    pass before it: the hard E-step, sMGK at any M and MGK up to 3 keys. On sm_90's model (bf16, D = 64, 128 x 64)
+    hard MGK's backward fell from 0.200 to 0.157 cycles a pair and softmax head at M = 2, 0.361 to 0.291 at M = 3;
+    at M = 4 the dK / dV program, holding four dK accumulators and dq's products, spilled inside its loop (768
+    spill loads / stores; 1.12 against the two passes' 0.48)."""
+    return hard and (shared or num_keys <= 3)
 
 
 if triton is not None:
@@ -226,7 +237,7 @@ if triton is not None:
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _tile(V, offs_n, offs_dv, DV, S, DV, EVEN_S, EVEN_D)
         if DROPOUT:  # a_ij dropped after the normalisation (Z sums the undropped P); 1 / (1 - p) at the end
-            p = tl.where(_keep(SEED, bh, offs_m, offs_n, S, P_DROP), p, 0.0)
+            p = tl.where(_keep(SEED, bh, offs_m, start_n, S, P_DROP, BLOCK_N), p, 0.0)
         hi = p.to(v.dtype)
         acc = acc * alpha[:, None] + _dot(hi, v, PREC)
         if PREC != "ieee" and not HARD:  # soft, half precision: P = hi + lo to ~16 bits (see backward's delta)
@@ -287,7 +298,7 @@ if triton is not None:
         ts = _terms(q, ks, ys, s2s, offs_m, offs_n, N, S, M, SHARED, CAUSAL_MASK, False, PREC)
         dp = _dot(do, tl.trans(_tile(V, offs_n, offs_dv, DV, S, DV, EVEN_S, EVEN_D)), PREC)
         if DROPOUT:  # d a_ij = mask_ij dO_i . v_j / (1 - p)
-            dp = tl.where(_keep(SEED, bh, offs_m, offs_n, S, P_DROP), dp * (1.0 / (1.0 - P_DROP)), 0.0)
+            dp = tl.where(_keep(SEED, bh, offs_m, start_n, S, P_DROP, BLOCK_N), dp * (1.0 / (1.0 - P_DROP)), 0.0)
         c = s2s[0] if HARD else 1.0  # hard: dls come out as s2_0 dL_r (in ds's FFMA); dx divided by s2_0 after
         _, dls = _weights(ts, xls, dp * c - (delta * c)[:, None], M, HARD)
         g = dls[0] if HARD else dls[0] * s2s[0]  # sMGK: sum_r s_r dL_r against the one key (s2 = s log2 e)
@@ -369,7 +380,8 @@ if triton is not None:
     def _dkv_step(ks, v, ys, s2s, Q, DO, X, LSE, DELTA, DQ, DX, start_m, offs_n, offs_d, offs_dv, dks, dv, dys, N, S,
                   D, DV, P_DROP, SEED, bh, DROPOUT: tl.constexpr, M: tl.constexpr, HARD: tl.constexpr,
                   SHARED: tl.constexpr, CAUSAL_MASK: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
-                  PREC: tl.constexpr, BLOCK_M: tl.constexpr, DQ_ATOMIC: tl.constexpr):
+                  PREC: tl.constexpr, BLOCK_M: tl.constexpr, DQ_ATOMIC: tl.constexpr, start_n,
+                  BLOCK_N: tl.constexpr):
         """One block of query rows of dk_jr = s_r sum_i dL_ijr q_i, dy_jr = sum_i dL_ijr and dv_j = sum_i A_ij dO_i,
         key-major (the tiles are (keys, rows)): every key r of the block in one program."""
         offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -384,7 +396,7 @@ if triton is not None:
         ts = _terms(q, ks, ys, s2s, offs_m, offs_n, N, S, M, SHARED, CAUSAL_MASK, True, PREC)
         dp = _dot(v, tl.trans(do), PREC)
         if DROPOUT:  # the forward's draw of (i, j), transposed
-            keep = tl.rand(SEED + bh, offs_m[None, :] * S + offs_n[:, None]) >= P_DROP
+            keep = tl.trans(_keep(SEED, bh, offs_m, start_n, S, P_DROP, BLOCK_N))
             dp = tl.where(keep, dp * (1.0 / (1.0 - P_DROP)), 0.0)
         A, dls = _weights(ts, xls, dp - delta[None, :], M, HARD)
         if DROPOUT:  # 1 / (1 - p) at the end
@@ -393,19 +405,24 @@ if triton is not None:
         g = dls[0] * s2s[0]  # sMGK: sum_r s_r dL_r against q
         sums = ()
         grads = ()
+        dq = tl.zeros([q.shape[0], q.shape[1]], tl.float32)
         for r in tl.static_range(M):
             sums = sums + (dys[r] + tl.sum(dls[r], 1),)
             if SHARED:
                 if r > 0:
                     g += dls[r] * s2s[r]
             else:  # s_r applied at the end
-                grads = grads + (dks[r] + _dot(dls[r].to(q.dtype), q, PREC),)
+                dlh = dls[r].to(q.dtype)
+                grads = grads + (dks[r] + _dot(dlh, q, PREC),)
+                if DQ_ATOMIC:  # hard MGK: dq_i += s_r sum_j dL_ijr k_jr, dK's operand transposed
+                    dq += _dot(tl.trans(dlh), ks[r], PREC) * s2s[r]
         if SHARED:
             gh = g.to(q.dtype)
             grads = (dks[0] + _dot(gh, q, PREC),)
-        if DQ_ATOMIC:  # hard sMGK's one pass: this block's dq_i = sum_j g_ij k_j (dK's operand) and dx_ir, added
-            dq = _dot(tl.trans(gh), ks[0], PREC) * (1.0 / 1.4426950408889634)
-            _put(DQ, offs_m, offs_d, D, N, D, dq, EVEN_N, EVEN_D, True)
+            if DQ_ATOMIC:
+                dq = _dot(tl.trans(gh), ks[0], PREC)
+        if DQ_ATOMIC:  # hard's one pass: this block's dq_i = sum_j g_ij k_j (dK's operand) and dx_ir, added
+            _put(DQ, offs_m, offs_d, D, N, D, dq * (1.0 / 1.4426950408889634), EVEN_N, EVEN_D, True)
             # dx_ir = sum_j dL_ijr, a sum across the warps of the key-major tile: as a product with a tile of ones
             # (~30 instructions a thread, where tl.sum's shuffles took ~200; the last key's from sum_r dx_ir = 0)
             col = tl.arange(0, 16)[None, :]
@@ -420,9 +437,10 @@ if triton is not None:
                         DROPOUT: tl.constexpr, M: tl.constexpr, HARD: tl.constexpr, CAUSAL: tl.constexpr,
                         SHARED: tl.constexpr, EVEN_N: tl.constexpr, EVEN_S: tl.constexpr, EVEN_D: tl.constexpr,
                         PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                        BLOCK_DV: tl.constexpr):
+                        BLOCK_DV: tl.constexpr, DQ_ATOMIC: tl.constexpr = False):
         """dk (DK: the M keys', or sMGK the one key's), dv and dy (DY: (M, S) a head) for one block of keys, over
-        the blocks of query rows: the causal diagonal's first (masked), then the rest."""
+        the blocks of query rows: the causal diagonal's first (masked), then the rest. DQ_ATOMIC (is_one_pass): dq
+        and dx too, added to DQ and DX (zeroed) in float32 atomics."""
         if EVEN_D:  # the row strides as constants: addresses with immediate offsets
             D, DV = BLOCK_D, BLOCK_DV
         stride_kr = S * D
@@ -456,11 +474,13 @@ if triton is not None:
         for start_m in range(start, tl.minimum(full, N), BLOCK_M):  # the causal diagonal, masked
             dks, dv, dys = _dkv_step(ks, v, ys, s2s, Q, DO, X, LSE, DELTA, DQ, DX, start_m, offs_n, offs_d, offs_dv,
                                      dks, dv, dys, N, S, D, DV, P_DROP, SEED, bh, DROPOUT, M, HARD, SHARED, CAUSAL,
-                                     EVEN_N, EVEN_D, PREC, BLOCK_M, HARD and SHARED)
+                                     EVEN_N, EVEN_D, PREC, BLOCK_M, DQ_ATOMIC, start_n,
+                                     BLOCK_N)
         for start_m in range(full, N, BLOCK_M):  # no causal mask
             dks, dv, dys = _dkv_step(ks, v, ys, s2s, Q, DO, X, LSE, DELTA, DQ, DX, start_m, offs_n, offs_d, offs_dv,
                                      dks, dv, dys, N, S, D, DV, P_DROP, SEED, bh, DROPOUT, M, HARD, SHARED, False,
-                                     EVEN_N, EVEN_D, PREC, BLOCK_M, HARD and SHARED)
+                                     EVEN_N, EVEN_D, PREC, BLOCK_M, DQ_ATOMIC, start_n,
+                                     BLOCK_N)
         if DROPOUT:
             dv = dv * (1.0 / (1.0 - P_DROP))
         _put(DV_OUT, offs_n, offs_dv, DV, S, DV, dv, EVEN_S, EVEN_D)
@@ -499,9 +519,7 @@ class _TritonMGK(torch.autograd.Function):
         q, k, v, x2, y2, s2, out, lse = ctx.saved_tensors
         bh, n, s, d, dv, m, block_m, block_n, dropout_p, seed = ctx.shape
         dout = dout.contiguous()
-        # hard sMGK: one pass, dq and dx added by the dK / dV programs (float32 atomics); MGK's dK / dV, which holds
-        # M dK accumulators, spilled with them (kernel notes)
-        one_pass = ctx.consts["HARD"] and ctx.consts["SHARED"]
+        one_pass = is_one_pass(ctx.consts["HARD"], ctx.consts["SHARED"], m)
         dq = (torch.zeros if one_pass else torch.empty)(bh, n, d, dtype=torch.float32, device=q.device)
         dx = (torch.zeros if one_pass else torch.empty)(bh, m, n, dtype=torch.float32, device=q.device)
         dk = torch.empty(k.shape, dtype=torch.float32, device=q.device)
@@ -524,7 +542,8 @@ class _TritonMGK(torch.autograd.Function):
         consts = _constants(q, n, s, d, dv, m, consts["HARD"], consts["CAUSAL"], consts["SHARED"],
                             dkv_rows(block_n, m), block_m, dropout_p)
         _bwd_dkv_kernel[(bh, triton.cdiv(s, block_m))](q, k, v, x2, y2, s2, dout, lse, delta, dk, dvv, dy, dq, dx,
-                                                       *args, **consts, **launch_options(block_m, block_n))
+                                                       *args, **consts, **launch_options(block_m, block_n),
+                                                       DQ_ATOMIC=one_pass)
         if one_pass:  # sum_r dx_ir = sum_j a_ij (dp_ij - delta_i) = 0
             dx[:, m - 1] = -dx[:, :m - 1].sum(1)
         return (dq.to(q.dtype), dk.to(k.dtype), dvv.to(v.dtype), dx, dy, None, None, None, None, None, None)

@@ -3,7 +3,7 @@ accumulation, and the counter-based dropout mask.
 
 The kernels follow the flash pattern of Dao et al., "FlashAttention: Fast and Memory-Efficient Exact Attention with
 IO-Awareness" (NeurIPS 2022), Alg. 1 and 2. Random numbers (dropout masks, FiSH's noise) are counter-based draws,
-tl.rand / tl.randn (Philox) keyed by one seed per call and by the element's position, so that the backward
+Philox keyed by one seed per call and by the element's position, so that the backward
 kernels regenerate the forward's numbers with nothing stored and a seeded run repeats.
 
 Torch, and Triton where it is installed (this file travels next to remote-code model files: the import is guarded,
@@ -198,13 +198,6 @@ if triton is not None:
         return tl.dot(a, b, input_precision=PREC)
 
     @triton.jit
-    def keep(seed, bh, offs_m, offs_n, S, P_DROP):
-        """Dropout's mask of a tile: True where the weight of (query offs_m, key offs_n) is kept. One counter-based
-        draw per (batch x head, query, key), keyed by the call's seed, so the forward and the backward kernels draw
-        the same numbers."""
-        return tl.rand(seed + bh, offs_m[:, None] * S + offs_n[None, :]) >= P_DROP
-
-    @triton.jit
     def key_end(start_m, BLOCK_M, N, S, CAUSAL: tl.constexpr):
         """The end of the keys a block of query rows from start_m may see: all S, or causal (bottom-right aligned:
         query i sees key j <= i + S - N) up to its last row's."""
@@ -306,6 +299,21 @@ if triton is not None:
         z0, z1 = _box_muller(i0, i1)
         z2, z3 = _box_muller(i2, i3)
         return tl.reshape(tl.join(tl.join(z0, z1), tl.join(z2, z3)), (base.shape[0], BLOCK_N))
+
+    @triton.jit
+    def keep(seed, bh, offs_m, start_n, S, P_DROP, BLOCK_N: tl.constexpr):
+        """Dropout's mask of a tile: True where the weight of (query offs_m, key start_n + [0, BLOCK_N)) is kept
+        (start_n a multiple of 4; a key-major kernel transposes it). Counter-based, so the forward and the backward
+        kernels draw the same bits: one Philox call per (query, 4 keys), at counter i ceil(S / 4) + j // 4 under the
+        key (seed, 2^31 + batch x head: never one of the noise's streams, which are below 2^31), each of its four
+        words kept where it is at least p 2^32, so P(keep) = 1 - p to float32's rounding of p. tl.rand took a call
+        per pair (and three words thrown away, a conversion to float): ~4 times the instructions (kernel notes)."""
+        c = (offs_m[:, None] * ((S + 3) // 4) + (start_n // 4 + tl.arange(0, BLOCK_N // 4))[None, :]).to(tl.uint32)
+        i0, i1, i2, i3 = philox4(c, seed, bh.to(tl.uint32) + 0x80000000)
+        # p 2^32 below 2^32 (float32's largest under it) so that it converts; p < 1 drops nothing more by it
+        thr = tl.minimum(P_DROP * 4294967296.0, 4294967040.0).to(tl.uint32)
+        kept = tl.join(tl.join(i0 >= thr, i1 >= thr), tl.join(i2 >= thr, i3 >= thr))
+        return tl.reshape(kept, (offs_m.shape[0], BLOCK_N))
 
     @triton.jit
     def free_keys_end(start_m, BLOCK_N: tl.constexpr, N, S, CAUSAL: tl.constexpr):

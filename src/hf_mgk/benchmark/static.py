@@ -198,12 +198,13 @@ def launches(path, direction, target=90, dtype="bf16", head_size=64, blocks=None
         opts = amt.launch_options(bm, bn)
         if direction == "forward":
             return [launch(amt._fwd_kernel, base, dtype, bm * bn, 0.5, options=opts)]
-        # dK / dV: key-major tiles, bm keys x dkv_rows(bn, M) query rows an iteration; hard sMGK's one pass (dq and dx
-        # added by the dK / dV programs), the others' dQ before it
+        # dK / dV: key-major tiles, bm keys x dkv_rows(bn, M) query rows an iteration; the hard E-step's one pass
+        # (is_one_pass: dq and dx added by the dK / dV programs), the others' dQ before it
         rows = amt.dkv_rows(bn, GLOBAL_HEADS)
-        dkv = launch(amt._bwd_dkv_kernel, dict(base, BLOCK_M=rows, BLOCK_N=bm, EVEN_N=True), dtype, bm * rows, 0.5,
-                     options=opts)
-        if base["HARD"] and base["SHARED"]:
+        one_pass = amt.is_one_pass(base["HARD"], base["SHARED"], GLOBAL_HEADS)
+        dkv = launch(amt._bwd_dkv_kernel, dict(base, BLOCK_M=rows, BLOCK_N=bm, EVEN_N=True, DQ_ATOMIC=one_pass), dtype,
+                     bm * rows, 0.5, options=opts)
+        if one_pass:
             return [dkv]
         return [launch(amt._bwd_dq_kernel, base, dtype, bm * bn, 0.5, options=opts), dkv]
     # FiSH: forward per (batch x local head, query block) over key blocks; dQ per (batch x local head, query block)
