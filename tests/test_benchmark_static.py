@@ -58,6 +58,8 @@ def test_per_pair_weights_and_the_launches_of_a_pass(monkeypatch):
     monkeypatch.undo()
     # FiSH: one local head's block of pairs an iteration, once per pass
     assert [ln.per_pair for ln in static.launches("gfish", "backward")] == [1.0, 1.0]
+    # linear mixing: one pass, the dK / dV programs adding G (dL/dq')
+    assert [ln.name for ln in static.launches("hard_fish", "backward")] == ["_bwd_kv_kernel"]
     assert [len(static.launches("softmax", d)) for d in ("forward", "backward")] == [1, 2]
     # MiSH runs FiSH's kernels with the same constants
     for direction in ("forward", "backward"):
@@ -151,3 +153,21 @@ def test_the_report_compiles_the_baseline_and_soft_mgk(tmp_path):
         assert isinstance(row["regs"], int) and row["regs"] > 0 and row["local_bytes"] is not None, row
         assert row["shared"] > 0
     assert rep["summary"]["mgk soft"]["backward"] > 0  # two passes over the keys, as the baseline's
+
+
+@pytest.mark.slow
+def test_aligned_compiles_the_loads_as_a_real_launch_does(tmp_path):
+    """--aligned: every kernel, the baseline's too, compiled as a launch on aligned tensors specializes: the loads
+    vectorized, so fewer memory instructions in the main loop than the plain compile counts."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "aligned.json"
+    code = ("import json, sys; from hf_mgk.benchmark import static\n"
+            "ln = static.launches('softmax', 'forward', blocks=(32, 32))[0]\n"
+            "print(json.dumps([static.cost(ln, 90)['mem'], static.cost(ln, 90, aligned=True)['mem']]))\n"
+            "static.main(['--paths', 'softmax', '--blocks', '32x32', '--aligned', '--json', sys.argv[1]])")
+    run = subprocess.run([sys.executable, "-c", code, str(out)], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    plain, aligned = json.loads(run.stdout.splitlines()[0])
+    assert aligned < plain
+    assert json.loads(out.read_text())["aligned"] is True and ", aligned;" in run.stdout

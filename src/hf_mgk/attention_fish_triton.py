@@ -12,14 +12,14 @@ Nguyen et al., "Improving Transformer with an Admixture of Attention Heads" (Neu
 `attention_fish.fish_attention` (backend="triton") calls `fish_triton`. The flash pattern: Dao et al.,
 "FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness" (NeurIPS 2022), Alg. 1 and 2.
 
-Each kernel (forward, dQ, dK / dV) takes both kinds of mixing and runs one body for it, so nothing of size N x S
-is written:
+The kernels (forward, dQ for a network, dK / dV) take both kinds of mixing and run one body for each, so nothing
+of size N x S is written:
 * linear mixing (attention_fish_triton_linear): folded into the query, A_j = q'_j . k' with q'_j = concat_k(scale
   w_kj q_k) and k' = concat_k(k_k) formed here (`_fold`, `_concat_keys`): local head j is flash attention of depth
   M D (padded per head to BLOCK_D) with its own V, every product one 2-D tl.dot (wgmma on sm_90), nothing per pair
-  for the mixing; the noise std_j eps_j added to A. dQ per (batch x local head, block of rows) writes G_j = dA_j k'
-  and torch forms dq = scale sum_j w_kj G_jk and dw_kj = scale sum q_k . G_jk (O(H N M D)); dK / dV per (batch,
-  block of keys) over the local heads and query blocks, keys as the products' rows, dk' = sum_j dA_j^T q'_j.
+  for the mixing; the noise std_j eps_j added to A. The backward in one pass: dK / dV per (batch, block of keys)
+  over the local heads and query blocks, keys as the products' rows, dk' = sum_j dA_j^T q'_j, and G_j = dA_j k'
+  added by float32 atomics; torch forms dq = scale sum_j w_kj G_jk and dw_kj = scale sum q_k . G_jk (O(H N M D)).
 * a network ((hard) GFiSH, attention_fish_triton_network): the M global heads of a tile as one (MP, rows, keys)
   block from a batched product, the network per tile in registers; dQ per (batch, block of rows) with each
   program's shares of the network's gradients, dK / dV per (batch, block of keys).
@@ -80,15 +80,17 @@ def noise_seed(generator, device):
     return int(torch.randint(0, 2**31 - 2**20, (), generator=generator, device=gen_device))
 
 
-def kv_rows(block_m):
+def kv_rows(block_m, network=True):
     """The query rows a dK / dV program's main-loop iteration covers (and the keys of a network's dQ iteration): half
-    of the block (16 at least)."""
-    return max(16, int(block_m) // 2)
+    of the block, a quarter for linear mixing (16 at least). Linear mixing's one-pass dK / dV holds dk' (keys x M D),
+    dV and G's product (rows x M D) beside the tiles: at 64 keys x 32 rows it spilled inside its loop (sm_90, bf16,
+    M = 2: 60 spill loads / stores an iteration, 351 with noise), at 16 rows 6 / 110 for 0.25 -> 0.266 cycles a pair
+    (hard FiSH)."""
+    return max(16, int(block_m) // (2 if network else 4))
 
 
 if triton is not None:
     from .attention_fish_triton_linear import bwd_kv as _lin_bwd_kv
-    from .attention_fish_triton_linear import bwd_q as _lin_bwd_q
     from .attention_fish_triton_linear import fwd as _lin_fwd
     from .attention_fish_triton_linear import noise as _lin_noise
 
@@ -101,7 +103,8 @@ if triton is not None:
     # Each kernel takes both kinds of mixing (the same names, arguments and constants as before the split) and runs
     # one body: linear mixing folded into the query (attention_fish_triton_linear) or the network on the (MP, rows,
     # keys) block of global scores (attention_fish_triton_network). Linear: Q, K are q' (B, H, N, W) and k' (B, S, W)
-    # with W = MP BLOCK_D (`_fold`), DQ receives G (B, H, N, W), DK dk' (B, S, W), DSP dstd's shares.
+    # with W = MP BLOCK_D (`_fold`), DQ receives G (B, H, N, W; zeroed, added to by the dK / dV programs), DK dk'
+    # (B, S, W), DSP dstd's shares (one per batch, local head and key block).
 
     @triton.jit
     def _fwd_kernel(Q, K, V, W, STD, SIG, W1, B1, W2, B2, KB, O, LSE, N, S, D, DV, M, H, scale, P_DROP, SEED,
@@ -121,16 +124,15 @@ if triton is not None:
                       NETWORK: tl.constexpr, NOISE: tl.constexpr, PADDED: tl.constexpr, CAUSAL: tl.constexpr,
                       DROPOUT: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-        if NETWORK:  # blocks of half the keys: the MP tiles of X and of dX beside the dQ accumulators spilled
-            _net_bwd_q(Q, K, V, DO, LSE, DELTA, SIG, W1, B1, W2, B2, KB, DQ, DW1P, DB1P, DW2P, DB2P, DSIGP, N, S, D,
-                       BLOCK_DV, M, H, scale, P_DROP, SEED, NSEED, MP, HP, NOISE, PADDED, CAUSAL, DROPOUT, PREC, BLOCK_M,
-                       KV_ROWS(BLOCK_N), BLOCK_D, BLOCK_DV)
-        else:
-            _lin_bwd_q(Q, K, V, DO, LSE, DELTA, STD, KB, DQ, DSP, N, S, H, P_DROP, SEED, NSEED, NOISE, PADDED,
-                       CAUSAL, DROPOUT, PREC, BLOCK_M, BLOCK_N, BLOCK_DV, MP * BLOCK_D)
+        # a network's only (linear mixing's dq comes from the dK / dV programs); blocks of half the keys: the MP
+        # tiles of X and of dX beside the dQ accumulators spilled
+        _net_bwd_q(Q, K, V, DO, LSE, DELTA, SIG, W1, B1, W2, B2, KB, DQ, DW1P, DB1P, DW2P, DB2P, DSIGP, N, S, D,
+                   BLOCK_DV, M, H, scale, P_DROP, SEED, NSEED, MP, HP, NOISE, PADDED, CAUSAL, DROPOUT, PREC, BLOCK_M,
+                   KV_ROWS(BLOCK_N), BLOCK_D, BLOCK_DV)
 
     @triton.jit
-    def _bwd_kv_kernel(Q, K, V, DO, LSE, DELTA, W, STD, SIG, W1, B1, W2, B2, KB, DK, DVO, N, S, D, DV, M, H, scale,
+    def _bwd_kv_kernel(Q, K, V, DO, LSE, DELTA, W, STD, SIG, W1, B1, W2, B2, KB, DK, DVO, DQ, DSP, N, S, D, DV, M, H,
+                       scale,
                        P_DROP, SEED, NSEED, MP: tl.constexpr, HP: tl.constexpr, NETWORK: tl.constexpr,
                        NOISE: tl.constexpr, PADDED: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
                        PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -142,8 +144,8 @@ if triton is not None:
                         SEED, NSEED, MP, HP, NOISE, PADDED, CAUSAL, DROPOUT, PREC, KV_ROWS(BLOCK_M), BLOCK_N, BLOCK_D,
                         BLOCK_DV)
         else:
-            _lin_bwd_kv(Q, K, V, DO, LSE, DELTA, STD, KB, DK, DVO, N, S, H, P_DROP, SEED, NSEED, NOISE, PADDED,
-                        CAUSAL, DROPOUT, PREC, KV_ROWS(BLOCK_M), BLOCK_N, BLOCK_DV, MP * BLOCK_D)
+            _lin_bwd_kv(Q, K, V, DO, LSE, DELTA, STD, KB, DK, DVO, DQ, DSP, N, S, H, P_DROP, SEED, NSEED, NOISE, PADDED,
+                        CAUSAL, DROPOUT, PREC, KV_ROWS(BLOCK_M, False), BLOCK_N, BLOCK_DV, MP * BLOCK_D)
 
     @triton.jit
     def _noise_kernel(E, N, S, M, H, NSEED, NETWORK: tl.constexpr, MP: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -271,9 +273,9 @@ class _TritonFiSH(torch.autograd.Function):
         if consts["NETWORK"]:  # q and k with their heads side by side (padded), dq and dk likewise
             programs, heads, qw = b * q_blocks, b, _concat_keys(q, width)
             dq = torch.empty(b, n, width, **f32)
-        else:  # G_j = dL/dq'_j per local head, dk' (module docstring)
-            programs, heads, qw = b * h * q_blocks, b * h, _fold(q, tensors[0], scale, width)
-            dq = torch.empty(b, h, n, width, **f32)
+        else:  # G_j = dL/dq'_j per local head (added by the dK / dV programs: one pass), dk' (module docstring)
+            programs, heads, qw = b * h * k_blocks, b * h, _fold(q, tensors[0], scale, width)
+            dq = torch.zeros(b, h, n, width, **f32)
         qkv = (qw, _concat_keys(k, width), _pad(v, consts_dv(dv_size)))
         dv = torch.empty(b, h, s, qkv[2].shape[-1], **f32)
         dsp = torch.zeros(programs, **f32)
@@ -281,9 +283,10 @@ class _TritonFiSH(torch.autograd.Function):
         dw2p, db2p = torch.zeros(programs, h, hp, **f32), torch.zeros(programs, h, **f32)
         dsigp = torch.zeros(programs, mp, **f32)
         common = (*qkv, dout, lse, delta, *tensors)
-        _bwd_q_kernel[(heads, q_blocks)](*common, dq, dsp, dsp, dw1p, db1p, dw2p, db2p, dsigp, *ctx.runtime, HP=hp,
-                                         **consts)
-        _bwd_kv_kernel[(b, k_blocks)](*common, dk, dv, *ctx.runtime, HP=hp, **consts)
+        if consts["NETWORK"]:
+            _bwd_q_kernel[(heads, q_blocks)](*common, dq, dsp, dsp, dw1p, db1p, dw2p, db2p, dsigp, *ctx.runtime, HP=hp,
+                                             **consts)
+        _bwd_kv_kernel[(b, k_blocks)](*common, dk, dv, dq, dsp, *ctx.runtime, HP=hp, **consts)
         if consts["NETWORK"]:
             grads = [None, None, dsigp.sum(0)[:m], dw1p.sum(0)[:h, :m], db1p.sum(0)[:h], dw2p.sum(0)[:, :h],
                      db2p.sum(0)]
@@ -292,7 +295,7 @@ class _TritonFiSH(torch.autograd.Function):
             g, w = _unfold(dq, m, d), tensors[0]  # (B, H, M, N, D)
             dq = torch.einsum("bhknd,kh->bknd", g, w * scale)
             dw = torch.einsum("bhknd,bknd->kh", g, q.float()) * scale
-            grads = [dw, dsp.view(b, h, q_blocks).sum((0, 2)), None, None, None, None, None]
+            grads = [dw, dsp.view(b, h, k_blocks).sum((0, 2)), None, None, None, None, None]
         dk = _unfold(dk, m, d)
         grads = [g if given else None for g, given in zip(grads, ctx.given)]
         return (dq.to(q.dtype), dk.to(k.dtype), dv[..., :dv_size].to(v.dtype), *grads, None, None, None, None, None, None)

@@ -54,16 +54,21 @@ __all__ = ["MAX_HEAD_SIZE", "available", "block_sizes", "dkv_rows", "is_one_pass
            "refusal"]
 
 
-def block_sizes(device_type, head_size, value_size, dtype=None):
+def block_sizes(device_type, head_size, value_size, dtype=None, key_tiles=1):
     """(BLOCK_M query rows, BLOCK_N keys) of a program (the dK / dV kernel takes them the other way round): the
     interpreter's small tiles, a GPU's defaults, or the tuned ones (attention_triton.tuned_blocks). The defaults,
-    for sm_90, sm_80, sm_86 and M = 1 to 4: 128 x 64 in half precision, the cheapest candidate on the static cost
-    model (benchmark.static) and within sm_86's 99 KB of shared memory at 2 stages; float32 SMALL_FLOAT32."""
+    for sm_90, sm_80, sm_86: 128 x 64 in half precision, the cheapest candidate on the static cost model
+    (benchmark.static) and within sm_86's 99 KB of shared memory at 2 stages; float32 SMALL_FLOAT32. key_tiles: the
+    key tiles a block holds (MGK's M, sMGK's 1): from 4, 64 x 32, where 128 x 64 spilled inside the main loops
+    (sm_90, bf16: 18-56 spill loads / stores an iteration, 339-421 with dropout and causal; at 64 x 32 none, 110-115
+    with both), for 0.53 -> 0.61 cycles a pair (soft, the model, which does not charge spills)."""
     if device_type == "cpu":
         default = (32, 32)
     elif dtype == torch.float32:
         default = SMALL_FLOAT32
     elif max(head_size, value_size) > 64:  # not studied on the model: the previous default
+        default = (64, 32)
+    elif key_tiles >= 4:
         default = (64, 32)
     else:
         default = (128, 64)
@@ -499,7 +504,7 @@ class _TritonMGK(torch.autograd.Function):
     def forward(ctx, q, k, v, x, y, inv_var, hard, causal, shared, dropout_p, seed):
         bh, n, d = q.shape
         s, dv, m = v.shape[1], v.shape[2], x.shape[1]
-        block_m, block_n = block_sizes(q.device.type, d, dv, q.dtype)
+        block_m, block_n = block_sizes(q.device.type, d, dv, q.dtype, 1 if shared else m)
         s2 = torch.tensor(inv_var, dtype=torch.float32, device=q.device) * LOG2E
         x2, y2 = (x * LOG2E).contiguous(), (y * LOG2E).contiguous()
         # the output in float32 (returned in q's dtype): backward's delta_i = dO_i . h_i from it

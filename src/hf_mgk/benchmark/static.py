@@ -190,7 +190,8 @@ def launches(path, direction, target=90, dtype="bf16", head_size=64, blocks=None
         # one program per (batch x MGK head, query block): forward and dQ; per (batch x MGK head, key block), every
         # key r in it: dK / dV. MGK runs H / 2 heads against softmax's H: 0.5 per softmax head, each launch. Lengths
         # a multiple of the blocks and head size = value size = a power of two (EVEN_*), as at the tables' shapes
-        bm, bn = blocks or amt.block_sizes("cuda", head_size, head_size, torch_dtype)
+        bm, bn = blocks or amt.block_sizes("cuda", head_size, head_size, torch_dtype,
+                                           1 if path.startswith("smgk") else GLOBAL_HEADS)
         base = dict(DROPOUT=False, M=GLOBAL_HEADS, HARD=path.endswith("hard"), CAUSAL=False,
                     SHARED=path.startswith("smgk"), EVEN_N=True, EVEN_S=True, EVEN_D=head_size == bd,
                     PREC=precision(torch_dtype, "cuda"),
@@ -207,11 +208,11 @@ def launches(path, direction, target=90, dtype="bf16", head_size=64, blocks=None
         if one_pass:
             return [dkv]
         return [launch(amt._bwd_dq_kernel, base, dtype, bm * bn, 0.5, options=opts), dkv]
-    # FiSH: forward per (batch x local head, query block) over key blocks; dQ per (batch x local head, query block)
-    # over the key blocks (linear mixing; a network's per (batch, query block) over the H local heads and, for each,
-    # the key blocks, in blocks of aft.kv_rows(BLOCK_N) keys); dK / dV per (batch, key block) over the heads and the
-    # query blocks (of aft.kv_rows(BLOCK_M) rows). Each inner iteration covers one local head's block of pairs,
-    # once per pass: 1.0 per pair and local head, and FiSH's H local heads stand against softmax's H heads
+    # FiSH: forward per (batch x local head, query block) over key blocks; a network's dQ per (batch, query block)
+    # over the H local heads and, for each, the key blocks, in blocks of aft.kv_rows(BLOCK_N) keys; dK / dV per
+    # (batch, key block) over the heads and the query blocks (of aft.kv_rows(BLOCK_M, NETWORK) rows), linear
+    # mixing's adding dq' too (one pass). Each inner iteration covers one local head's block of pairs, once per
+    # pass: 1.0 per pair and local head, and FiSH's H local heads stand against softmax's H heads
     kind = "fish" if path == "mish" else path
     bm, bn = blocks or aft.block_sizes("cuda", GLOBAL_HEADS, head_size, head_size, torch_dtype, shared)
     base = dict(MP=triton.next_power_of_2(GLOBAL_HEADS), NETWORK=kind.endswith("gfish"),
@@ -221,10 +222,11 @@ def launches(path, direction, target=90, dtype="bf16", head_size=64, blocks=None
     if direction == "forward":
         return [launch(aft._fwd_kernel, base, dtype, bm * bn, 1.0)]
     back = {**base, "HP": triton.next_power_of_2(LOCAL_HEADS)}
-    # dK / dV: half the query rows an iteration; a network's dQ half the keys (aft.kv_rows)
-    q_keys = aft.kv_rows(bn) if base["NETWORK"] else bn
-    return [launch(aft._bwd_q_kernel, back, dtype, bm * q_keys, 1.0),
-            launch(aft._bwd_kv_kernel, back, dtype, aft.kv_rows(bm) * bn, 1.0)]
+    # dK / dV: half the query rows an iteration (linear mixing a quarter); a network's dQ half the keys (aft.kv_rows)
+    kv = launch(aft._bwd_kv_kernel, back, dtype, aft.kv_rows(bm, base["NETWORK"]) * bn, 1.0)
+    if not base["NETWORK"]:  # linear mixing: one pass, the dK / dV programs adding G
+        return [kv]
+    return [launch(aft._bwd_q_kernel, back, dtype, bm * aft.kv_rows(bn), 1.0), kv]
 
 
 # ---- compile and count ----------------------------------------------------------------------------------------------
@@ -376,9 +378,10 @@ def shared_overruns(target=90, dtype="bf16", paths=PATHS, head_size=64):
     return over
 
 
-def cost(ln, target=90):
-    """A launch's row: its resources, its main loop's counts and the model's cycles, per pair and softmax head."""
-    meta, sass = compiled(ln, target)
+def cost(ln, target=90, aligned=False):
+    """A launch's row: its resources, its main loop's counts and the model's cycles, per pair and softmax head
+    (`aligned`: compiled as a launch on aligned tensors specializes, `compiled`)."""
+    meta, sass = compiled(ln, target, aligned)
     instrs, labels = parse(sass)
     inner, back, cold = main_loop(instrs, labels)
     if not inner:
@@ -392,35 +395,37 @@ def cost(ln, target=90):
     return row
 
 
-def pass_cost(path, direction, target=90, dtype="bf16", head_size=64, blocks=None):
+def pass_cost(path, direction, target=90, dtype="bf16", head_size=64, blocks=None, aligned=False):
     """The rows of a pass's launches and their sums (cycles, issue, ... per pair and softmax head)."""
-    rows = [dict(path=path, direction=direction, **cost(ln, target))
+    rows = [dict(path=path, direction=direction, **cost(ln, target, aligned))
             for ln in launches(path, direction, target, dtype, head_size, blocks)]
     return rows, {k: sum(r[k] for r in rows) for k in ("cycles", "issue", "mufu", "fp32", "alu", "mma_flops", "mem")}
 
 
-def baseline(target=90, dtype="bf16", head_size=64, best=True, blocks=None):
+def baseline(target=90, dtype="bf16", head_size=64, best=True, blocks=None, aligned=False):
     """The softmax baseline's rows and sums per direction: at its best (lowest cycles) of BASELINE_BLOCKS per pass,
     or at `blocks` (default 64x64)."""
     out = {}
     for direction in ("forward", "backward"):
-        tries = [(b, *pass_cost("softmax", direction, target, dtype, head_size, b))
+        tries = [(b, *pass_cost("softmax", direction, target, dtype, head_size, b, aligned))
                  for b in (BASELINE_BLOCKS if best else [blocks or BASELINE_BLOCKS[0]])]
         blocks, rows, sums = min(tries, key=lambda t: t[2]["cycles"])
         out[direction] = (rows, dict(sums, blocks=f"{blocks[0]}x{blocks[1]}"))
     return out
 
 
-def report(paths=PATHS, target=90, dtype="bf16", head_size=64, best_baseline=True, blocks=None):
+def report(paths=PATHS, target=90, dtype="bf16", head_size=64, best_baseline=True, blocks=None, aligned=False):
     """The summary (per path: forward, backward and both as cycles against the baseline's; issue-slot ratios) and
-    every launch's row; `blocks`: every path and the baseline at these (BLOCK_M, BLOCK_N) instead."""
-    base = baseline(target, dtype, head_size, best_baseline and blocks is None, blocks)
+    every launch's row; `blocks`: every path and the baseline at these (BLOCK_M, BLOCK_N) instead; `aligned`: every
+    kernel, the baseline's too, compiled as a launch on aligned tensors and lengths specializes (vectorized,
+    pipelined loads), not plainly (scalar loads: the memory slots of a kernel that loads more weigh more)."""
+    base = baseline(target, dtype, head_size, best_baseline and blocks is None, blocks, aligned)
     rows = [dict(r, baseline=True) for d in base.values() for r in d[0]]
     summary = {}
     for path in paths:
         sums = {}
         for direction in ("forward", "backward"):
-            r, sums[direction] = pass_cost(path, direction, target, dtype, head_size, blocks)
+            r, sums[direction] = pass_cost(path, direction, target, dtype, head_size, blocks, aligned)
             rows += r
         f, b = sums["forward"], sums["backward"]
         bf, bb = base["forward"][1], base["backward"][1]
@@ -430,13 +435,13 @@ def report(paths=PATHS, target=90, dtype="bf16", head_size=64, best_baseline=Tru
                              both_issue=(f["issue"] + b["issue"]) / (bf["issue"] + bb["issue"]))
         if path in NOTES:
             summary[path]["note"] = NOTES[path]
-    return dict(target=target, dtype=dtype, head_size=head_size, warps=WARPS, stages=STAGES,
+    return dict(target=target, dtype=dtype, head_size=head_size, warps=WARPS, stages=STAGES, aligned=aligned,
                 baseline_blocks={d: base[d][1]["blocks"] for d in base}, summary=summary, rows=rows)
 
 
 def print_report(rep):
     print(f"sm_{rep['target']}, {rep['dtype']}, head size {rep['head_size']}, {rep['warps']} warps, "
-          f"{rep['stages']} stages; per (query, key) pair and softmax head against flash attention compiled the same "
+          f"{rep['stages']} stages{', aligned' if rep.get('aligned') else ''}; per (query, key) pair and softmax head against flash attention compiled the same "
           f"way (baseline blocks: forward {rep['baseline_blocks']['forward']}, backward "
           f"{rep['baseline_blocks']['backward']})\n")
     print(f"{'path':<12} {'forward':>8} {'fwd issue':>10} {'backward':>9} {'bwd issue':>10} {'both':>6} "
@@ -469,10 +474,12 @@ def main(argv=None):
     ap.add_argument("--no-best-baseline", dest="best", action="store_false",
                     help=f"the baseline at 64x64 only, not its best of {len(BASELINE_BLOCKS)} block sizes")
     ap.add_argument("--blocks", metavar="MxN", help="every path and the baseline at these block sizes (e.g. 32x32)")
+    ap.add_argument("--aligned", action="store_true",
+                    help="compile every kernel (the baseline's too) as a launch on aligned tensors specializes")
     ap.add_argument("--json", metavar="FILE", help="write the summary and every launch's row as JSON")
     args = ap.parse_args(argv)
     blocks = tuple(int(x) for x in args.blocks.split("x")) if args.blocks else None
-    rep = report(args.paths, args.target, args.dtype, args.head_size, args.best, blocks)
+    rep = report(args.paths, args.target, args.dtype, args.head_size, args.best, blocks, args.aligned)
     print_report(rep)
     if args.json:
         with open(args.json, "w") as f:
