@@ -302,8 +302,7 @@ RUNTIME = {"N": "i32", "S": "i32", "D": "i32", "DV": "i32", "M": "i32", "H": "i3
 for network in (False, True):
     base = dict(MP=2, NETWORK=network, NOISE=True, PADDED=True, CAUSAL=True, DROPOUT=True, PREC=None, BLOCK_M=32,
                 BLOCK_N=32, BLOCK_D=32, BLOCK_DV=32)
-    kernels = [(aft._fwd_kernel, {}), (aft._bwd_kv_kernel, dict(HP=8))]  # linear mixing: a one-pass backward
-    for fn, extra in kernels + ([(aft._bwd_q_kernel, dict(HP=8))] if network else []):
+    for fn, extra in [(aft._fwd_kernel, {}), (aft._bwd_kv_kernel, dict(HP=8))]:  # the backward: one pass
         consts = {**base, **extra}
         sig = {a: "constexpr" if a in consts else RUNTIME.get(a, "*bf16" if a in ("Q", "K", "V", "DO", "O")
                                                               else "*fp32") for a in fn.arg_names}

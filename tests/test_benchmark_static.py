@@ -13,6 +13,7 @@ import torch
 triton = pytest.importorskip("triton")
 static = pytest.importorskip("hf_mgk.benchmark.static")
 amt = pytest.importorskip("hf_mgk.attention_mgk_triton")
+aft = pytest.importorskip("hf_mgk.attention_fish_triton")
 
 ATTRIBUTES = ("kernel", "signature", "constants", "options", "pairs", "per_pair")
 
@@ -57,9 +58,11 @@ def test_per_pair_weights_and_the_launches_of_a_pass(monkeypatch):
     assert [ln.name for ln in static.launches("smgk hard", "backward")] == ["_bwd_dkv_kernel"]
     monkeypatch.undo()
     # FiSH: one local head's block of pairs an iteration, once per pass
-    assert [ln.per_pair for ln in static.launches("gfish", "backward")] == [1.0, 1.0]
-    # linear mixing: one pass, the dK / dV programs adding G (dL/dq')
-    assert [ln.name for ln in static.launches("hard_fish", "backward")] == ["_bwd_kv_kernel"]
+    # the backward in one pass, the dK / dV programs adding dq (linear mixing: G = dL/dq'), a quarter of the rows
+    for path in ("hard_fish", "gfish"):
+        back = static.launches(path, "backward")
+        assert [(ln.name, ln.per_pair) for ln in back] == [("_bwd_kv_kernel", 1.0)]
+        assert back[0].pairs == aft.kv_rows(back[0].constants["BLOCK_M"]) * back[0].constants["BLOCK_N"]
     assert [len(static.launches("softmax", d)) for d in ("forward", "backward")] == [1, 2]
     # MiSH runs FiSH's kernels with the same constants
     for direction in ("forward", "backward"):

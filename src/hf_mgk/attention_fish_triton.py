@@ -80,13 +80,13 @@ def noise_seed(generator, device):
     return int(torch.randint(0, 2**31 - 2**20, (), generator=generator, device=gen_device))
 
 
-def kv_rows(block_m, network=True):
-    """The query rows a dK / dV program's main-loop iteration covers (and the keys of a network's dQ iteration): half
-    of the block, a quarter for linear mixing (16 at least). Linear mixing's one-pass dK / dV holds dk' (keys x M D),
-    dV and G's product (rows x M D) beside the tiles: at 64 keys x 32 rows it spilled inside its loop (sm_90, bf16,
-    M = 2: 60 spill loads / stores an iteration, 351 with noise), at 16 rows 6 / 110 for 0.25 -> 0.266 cycles a pair
-    (hard FiSH)."""
-    return max(16, int(block_m) // (2 if network else 4))
+def kv_rows(block_m):
+    """The query rows an iteration of the one-pass backward's programs (per block of keys) covers: a quarter of the
+    block (16 at least). They hold dk (keys x M D, float32), dV and dq's product (rows x M D) beside the tiles: at
+    half the block (32 of 64) they spilled inside the loop on sm_90 in bf16 at M = 2 (spill loads / stores an
+    iteration: hard FiSH 60, FiSH 351, hard GFiSH 322, GFiSH 639), at 16 rows 6 / 110 / 3 / 92, for 0.25 -> 0.27
+    (hard FiSH) and 0.67 -> 0.81 (hard GFiSH) cycles a pair on the model, which does not charge spills."""
+    return max(16, int(block_m) // 4)
 
 
 if triton is not None:
@@ -96,7 +96,6 @@ if triton is not None:
 
     KV_ROWS = triton.constexpr_function(kv_rows)
     from .attention_fish_triton_network import bwd_kv as _net_bwd_kv
-    from .attention_fish_triton_network import bwd_q as _net_bwd_q
     from .attention_fish_triton_network import fwd as _net_fwd
     from .attention_fish_triton_network import global_noise as _net_global_noise
 
@@ -104,7 +103,8 @@ if triton is not None:
     # one body: linear mixing folded into the query (attention_fish_triton_linear) or the network on the (MP, rows,
     # keys) block of global scores (attention_fish_triton_network). Linear: Q, K are q' (B, H, N, W) and k' (B, S, W)
     # with W = MP BLOCK_D (`_fold`), DQ receives G (B, H, N, W; zeroed, added to by the dK / dV programs), DK dk'
-    # (B, S, W), DSP dstd's shares (one per batch, local head and key block).
+    # (B, S, W), DSP dstd's shares (one per batch, local head and key block); a network's DQ (B, N, MP BLOCK_D) and
+    # the D*P partial sums of its gradients (one row per batch and key block).
 
     @triton.jit
     def _fwd_kernel(Q, K, V, W, STD, SIG, W1, B1, W2, B2, KB, O, LSE, N, S, D, DV, M, H, scale, P_DROP, SEED,
@@ -119,33 +119,22 @@ if triton is not None:
                      BLOCK_M, BLOCK_N, BLOCK_DV, MP * BLOCK_D)
 
     @triton.jit
-    def _bwd_q_kernel(Q, K, V, DO, LSE, DELTA, W, STD, SIG, W1, B1, W2, B2, KB, DQ, DWP, DSP, DW1P, DB1P, DW2P, DB2P,
-                      DSIGP, N, S, D, DV, M, H, scale, P_DROP, SEED, NSEED, MP: tl.constexpr, HP: tl.constexpr,
-                      NETWORK: tl.constexpr, NOISE: tl.constexpr, PADDED: tl.constexpr, CAUSAL: tl.constexpr,
-                      DROPOUT: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-        # a network's only (linear mixing's dq comes from the dK / dV programs); blocks of half the keys: the MP
-        # tiles of X and of dX beside the dQ accumulators spilled
-        _net_bwd_q(Q, K, V, DO, LSE, DELTA, SIG, W1, B1, W2, B2, KB, DQ, DW1P, DB1P, DW2P, DB2P, DSIGP, N, S, D,
-                   BLOCK_DV, M, H, scale, P_DROP, SEED, NSEED, MP, HP, NOISE, PADDED, CAUSAL, DROPOUT, PREC, BLOCK_M,
-                   KV_ROWS(BLOCK_N), BLOCK_D, BLOCK_DV)
-
-    @triton.jit
-    def _bwd_kv_kernel(Q, K, V, DO, LSE, DELTA, W, STD, SIG, W1, B1, W2, B2, KB, DK, DVO, DQ, DSP, N, S, D, DV, M, H,
-                       scale,
-                       P_DROP, SEED, NSEED, MP: tl.constexpr, HP: tl.constexpr, NETWORK: tl.constexpr,
-                       NOISE: tl.constexpr, PADDED: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
-                       PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                       BLOCK_DV: tl.constexpr):
-        # query blocks of half the rows: dK (BLOCK_N x W) and dV in float32 take twice the baseline's accumulators,
-        # and at full blocks the tiles beside them (the noise's words, a network's MP tiles of X and dX) spilled
+    def _bwd_kv_kernel(Q, K, V, DO, LSE, DELTA, W, STD, SIG, W1, B1, W2, B2, KB, DK, DVO, DQ, DSP, DW1P, DB1P, DW2P,
+                       DB2P, DSIGP, N, S, D, DV, M, H, scale, P_DROP, SEED, NSEED, MP: tl.constexpr, HP: tl.constexpr,
+                       NETWORK: tl.constexpr, NOISE: tl.constexpr, PADDED: tl.constexpr, CAUSAL: tl.constexpr,
+                       DROPOUT: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+        # the backward in one pass: dk, dv, and dq by atomics, per (batch, block of keys) over the local heads and
+        # query blocks of part of the rows (kv_rows): dK (BLOCK_N x W) and dV in float32 take twice the baseline's
+        # accumulators, and at full blocks the tiles beside them (the noise's words, a network's MP tiles of X and
+        # dX, dq's products) spilled
         if NETWORK:
-            _net_bwd_kv(Q, K, V, DO, LSE, DELTA, SIG, W1, B1, W2, B2, KB, DK, DVO, N, S, D, BLOCK_DV, M, H, scale, P_DROP,
-                        SEED, NSEED, MP, HP, NOISE, PADDED, CAUSAL, DROPOUT, PREC, KV_ROWS(BLOCK_M), BLOCK_N, BLOCK_D,
-                        BLOCK_DV)
+            _net_bwd_kv(Q, K, V, DO, LSE, DELTA, SIG, W1, B1, W2, B2, KB, DK, DVO, DQ, DW1P, DB1P, DW2P, DB2P, DSIGP, N,
+                        S, D, BLOCK_DV, M, H, scale, P_DROP, SEED, NSEED, MP, HP, NOISE, PADDED, CAUSAL, DROPOUT, PREC,
+                        KV_ROWS(BLOCK_M), BLOCK_N, BLOCK_D, BLOCK_DV)
         else:
             _lin_bwd_kv(Q, K, V, DO, LSE, DELTA, STD, KB, DK, DVO, DQ, DSP, N, S, H, P_DROP, SEED, NSEED, NOISE, PADDED,
-                        CAUSAL, DROPOUT, PREC, KV_ROWS(BLOCK_M, False), BLOCK_N, BLOCK_DV, MP * BLOCK_D)
+                        CAUSAL, DROPOUT, PREC, KV_ROWS(BLOCK_M), BLOCK_N, BLOCK_DV, MP * BLOCK_D)
 
     @triton.jit
     def _noise_kernel(E, N, S, M, H, NSEED, NETWORK: tl.constexpr, MP: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -267,26 +256,23 @@ class _TritonFiSH(torch.autograd.Function):
         dout = dout.contiguous()
         delta = (dout.float() * out.float()).sum(-1).contiguous()
         f32 = dict(dtype=torch.float32, device=q.device)
-        q_blocks, k_blocks = triton.cdiv(n, consts["BLOCK_M"]), triton.cdiv(s, consts["BLOCK_N"])
+        k_blocks = triton.cdiv(s, consts["BLOCK_N"])
         width = mp * consts["BLOCK_D"]
         dout, dk = _pad(dout, consts_dv(dv_size)), torch.empty(b, s, width, **f32)  # V, dO rows of BLOCK_DV
+        # one pass: dq added by the dK / dV programs (zeroed), each program's shares of the mixing's gradients
+        programs = b * k_blocks
         if consts["NETWORK"]:  # q and k with their heads side by side (padded), dq and dk likewise
-            programs, heads, qw = b * q_blocks, b, _concat_keys(q, width)
-            dq = torch.empty(b, n, width, **f32)
-        else:  # G_j = dL/dq'_j per local head (added by the dK / dV programs: one pass), dk' (module docstring)
-            programs, heads, qw = b * h * k_blocks, b * h, _fold(q, tensors[0], scale, width)
-            dq = torch.zeros(b, h, n, width, **f32)
+            qw, dq = _concat_keys(q, width), torch.zeros(b, n, width, **f32)
+        else:  # G_j = dL/dq'_j per local head, dk' (module docstring)
+            qw, dq = _fold(q, tensors[0], scale, width), torch.zeros(b, h, n, width, **f32)
         qkv = (qw, _concat_keys(k, width), _pad(v, consts_dv(dv_size)))
         dv = torch.empty(b, h, s, qkv[2].shape[-1], **f32)
-        dsp = torch.zeros(programs, **f32)
+        dsp = torch.zeros(programs * h, **f32)
         dw1p, db1p = torch.zeros(programs, hp, mp, **f32), torch.zeros(programs, hp, **f32)
         dw2p, db2p = torch.zeros(programs, h, hp, **f32), torch.zeros(programs, h, **f32)
         dsigp = torch.zeros(programs, mp, **f32)
-        common = (*qkv, dout, lse, delta, *tensors)
-        if consts["NETWORK"]:
-            _bwd_q_kernel[(heads, q_blocks)](*common, dq, dsp, dsp, dw1p, db1p, dw2p, db2p, dsigp, *ctx.runtime, HP=hp,
-                                             **consts)
-        _bwd_kv_kernel[(b, k_blocks)](*common, dk, dv, dq, dsp, *ctx.runtime, HP=hp, **consts)
+        _bwd_kv_kernel[(b, k_blocks)](*qkv, dout, lse, delta, *tensors, dk, dv, dq, dsp, dw1p, db1p, dw2p, db2p, dsigp,
+                                      *ctx.runtime, HP=hp, **consts)
         if consts["NETWORK"]:
             grads = [None, None, dsigp.sum(0)[:m], dw1p.sum(0)[:h, :m], db1p.sum(0)[:h], dw2p.sum(0)[:, :h],
                      db2p.sum(0)]

@@ -187,106 +187,47 @@ if triton is not None:
         return xs, epss, p_used, p * (dp - delta[:, None])
 
     @triton.jit
-    def _dq_step(qs, dqs, K, V, do, row_max, log2_l, delta, SIG, W1, B1, W2, B2, KB, b, j, offs_m, offs_h, offs_k,
-                 start_n, N, S, D, DV, M, H, scale, dw1, db1, dw2, db2, dsig, P_DROP, SEED, NSEED,
-                 NOISE: tl.constexpr, PADDED: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
-                 EDGE: tl.constexpr, PREC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                 BLOCK_DV: tl.constexpr, MP: tl.constexpr):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        ks = _heads(K, offs_n, S, EDGE, MP, BLOCK_D)
-        v = _value_tile(V, offs_n, S, EDGE, BLOCK_DV)
-        xs, epss, _, da = _tile_grad(qs, ks, do, row_max, log2_l, delta, v, b, j, offs_m, start_n, N, S, M, H, scale,
-                                     SIG, W1, B1, W2, B2, KB, P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT,
-                                     EDGE, PREC, BLOCK_N, MP)
+    def _dkv_step(ks, dks, Q, DO, LSE, DELTA, DQ, v, dv, SIG, W1, B1, W2, B2, KB, b, j, offs_h, offs_k, start_m,
+                  start_n, N, S, D, DV, M, H, scale, dw1, db1, dw2, db2, dsig, P_DROP, SEED, NSEED,
+                  NOISE: tl.constexpr, PADDED: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
+                  EDGE: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MP: tl.constexpr):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        qs = _heads(Q, offs_m, N, EDGE, MP, BLOCK_D)
+        do, row_max, log2_l, delta = _rows(DO, LSE, DELTA, offs_m, N, EDGE, BLOCK_DV)
+        xs, epss, p_used, da = _tile_grad(qs, ks, do, row_max, log2_l, delta, v, b, j, offs_m, start_n, N, S, M, H,
+                                          scale, SIG, W1, B1, W2, B2, KB, P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL,
+                                          DROPOUT, EDGE, PREC, BLOCK_N, MP)
+        dv += _dot(tl.trans(p_used).to(do.dtype), do, PREC)
         dxs, dw1, db1, dw2 = _mixed_grad(xs, da, j, offs_h, offs_k, M, H, W1, B1, W2, dw1, db1, dw2, True, MP)
         db2 += tl.sum(da, 1)
+        offs_d = tl.arange(0, BLOCK_D)
         new = ()
         for k in tl.static_range(MP):
             if NOISE:
                 dsig += tl.where(offs_k == k, tl.sum(dxs[k] * epss[k]), 0.0)
-            new = new + (dqs[k] + _dot(dxs[k].to(ks[k].dtype), ks[k], PREC),)
-        return new, dw1, db1, dw2, db2, dsig
+            dx = dxs[k].to(qs[k].dtype)
+            new = new + (dks[k] + _dot(tl.trans(dx), qs[k], PREC),)
+            # dq_k of these rows, added (float32 atomics): dK's operand as it comes
+            tl.atomic_add(DQ + offs_m[:, None] * (MP * BLOCK_D) + k * BLOCK_D + offs_d[None, :],
+                          _dot(dx, ks[k], PREC) * scale, mask=(offs_m < N)[:, None] if EDGE else None,
+                          sem="relaxed")
+        return new, dv, dw1, db1, dw2, db2, dsig
 
     @triton.jit
-    def bwd_q(Q, K, V, DO, LSE, DELTA, SIG, W1, B1, W2, B2, KB, DQ, DW1P, DB1P, DW2P, DB2P, DSIGP, N, S, D, DV, M, H,
-              scale, P_DROP, SEED, NSEED, MP: tl.constexpr, HP: tl.constexpr, NOISE: tl.constexpr,
-              PADDED: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-        """dq_k = scale sum_j sum_s dX_jk k_k for one block of query rows, and this program's shares of the network's
-        gradients (per local head into DW2P / DB2P, summed over the heads into DW1P / DB1P / DSIGP)."""
-        b = tl.program_id(0)
-        b64 = b.to(tl.int64)  # the bases' offsets in 64 bits (B H N D passes 2^31), the tiles' in 32
-        Q, K, DQ = Q + b64 * N * (MP * BLOCK_D), K + b64 * S * (MP * BLOCK_D), DQ + b64 * N * (MP * BLOCK_D)
-        prog = b * tl.num_programs(1) + tl.program_id(1)
-        start_m = tl.program_id(1) * BLOCK_M
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        offs_k, offs_h = tl.arange(0, MP), tl.arange(0, HP)
-        qs = _heads(Q, offs_m, N, True, MP, BLOCK_D)
-        dqs = ()
-        for k in tl.static_range(MP):
-            dqs = dqs + (tl.zeros([BLOCK_M, BLOCK_D], tl.float32),)
-        dw1 = tl.zeros([HP, MP], tl.float32)
-        db1 = tl.zeros([HP], tl.float32)
-        dsig = tl.zeros([MP], tl.float32)
-        free = _free_keys_end(start_m, BLOCK_N, N, S, CAUSAL)
-        hi = _key_end(start_m, BLOCK_M, N, S, CAUSAL)
-        for j in range(H):
-            bh = b64 * H + j
-            Vj = V + bh * S * DV
-            do, row_max, log2_l, delta = _rows(DO + bh * N * DV, LSE + bh * N * 2, DELTA + bh * N, offs_m, N, True,
-                                               BLOCK_DV)
-            db2 = tl.zeros([BLOCK_M], tl.float32)
-            dw2 = tl.zeros([HP], tl.float32)
-            for start_n in range(0, free, BLOCK_N):
-                dqs, dw1, db1, dw2, db2, dsig = _dq_step(
-                    qs, dqs, K, Vj, do, row_max, log2_l, delta, SIG, W1, B1, W2, B2, KB, b, j, offs_m, offs_h, offs_k,
-                    start_n, N, S, D, DV, M, H, scale, dw1, db1, dw2, db2, dsig, P_DROP, SEED, NSEED, NOISE, PADDED,
-                    CAUSAL, DROPOUT, False, PREC, BLOCK_N, BLOCK_D, BLOCK_DV, MP)
-            for start_n in range(free, hi, BLOCK_N):
-                dqs, dw1, db1, dw2, db2, dsig = _dq_step(
-                    qs, dqs, K, Vj, do, row_max, log2_l, delta, SIG, W1, B1, W2, B2, KB, b, j, offs_m, offs_h, offs_k,
-                    start_n, N, S, D, DV, M, H, scale, dw1, db1, dw2, db2, dsig, P_DROP, SEED, NSEED, NOISE, PADDED,
-                    CAUSAL, DROPOUT, True, PREC, BLOCK_N, BLOCK_D, BLOCK_DV, MP)
-            tl.store(DW2P + (prog * H + j) * HP + offs_h, dw2)
-            tl.store(DB2P + prog * H + j, tl.sum(db2))
-        offs_d = tl.arange(0, BLOCK_D)
-        for k in tl.static_range(MP):  # into (B, N, MP BLOCK_D), as q was given
-            tl.store(DQ + offs_m[:, None] * (MP * BLOCK_D) + k * BLOCK_D + offs_d[None, :], dqs[k] * scale,
-                     mask=(offs_m < N)[:, None])
-        tl.store(DW1P + (prog * HP + offs_h[:, None]) * MP + offs_k[None, :], dw1)
-        tl.store(DB1P + prog * HP + offs_h, db1)
-        tl.store(DSIGP + prog * MP + offs_k, dsig)
-
-    @triton.jit
-    def _dkv_step(ks, dks, Q, DO, LSE, DELTA, v, dv, SIG, W1, B1, W2, B2, KB, b, j, offs_h, offs_k, start_m, start_n,
-                  N, S, D, DV, M, H, scale, P_DROP, SEED, NSEED, NOISE: tl.constexpr, PADDED: tl.constexpr,
-                  CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, EDGE: tl.constexpr, PREC: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                  MP: tl.constexpr):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        qs = _heads(Q, offs_m, N, EDGE, MP, BLOCK_D)
-        do, row_max, log2_l, delta = _rows(DO, LSE, DELTA, offs_m, N, EDGE, BLOCK_DV)
-        xs, _, p_used, da = _tile_grad(qs, ks, do, row_max, log2_l, delta, v, b, j, offs_m, start_n, N, S, M, H, scale,
-                                       SIG, W1, B1, W2, B2, KB, P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT,
-                                       EDGE, PREC, BLOCK_N, MP)
-        dv += _dot(tl.trans(p_used).to(do.dtype), do, PREC)
-        unused = tl.zeros([offs_h.shape[0]], tl.float32)
-        dxs, _, _, _ = _mixed_grad(xs, da, j, offs_h, offs_k, M, H, W1, B1, W2,
-                                   tl.zeros([offs_h.shape[0], offs_k.shape[0]], tl.float32), unused, unused, False, MP)
-        new = ()
-        for k in tl.static_range(MP):
-            new = new + (dks[k] + _dot(tl.trans(dxs[k]).to(qs[k].dtype), qs[k], PREC),)
-        return new, dv
-
-    @triton.jit
-    def bwd_kv(Q, K, V, DO, LSE, DELTA, SIG, W1, B1, W2, B2, KB, DK, DVO, N, S, D, DV, M, H, scale, P_DROP, SEED,
-               NSEED, MP: tl.constexpr, HP: tl.constexpr, NOISE: tl.constexpr, PADDED: tl.constexpr,
-               CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-        """For one block of keys: dk_k = scale sum_j sum_i dX_jk^T q_k and each local head's dv_j = P_j^T dO_j."""
+    def bwd_kv(Q, K, V, DO, LSE, DELTA, SIG, W1, B1, W2, B2, KB, DK, DVO, DQ, DW1P, DB1P, DW2P, DB2P, DSIGP, N, S, D,
+               DV, M, H, scale, P_DROP, SEED, NSEED, MP: tl.constexpr, HP: tl.constexpr, NOISE: tl.constexpr,
+               PADDED: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+        """The backward in one pass, for one block of keys: dk_k = scale sum_j sum_i dX_jk^T q_k, each local head's
+        dv_j = P_j^T dO_j, dq_k = scale sum_j dX_jk k_k added to DQ (zeroed) by atomics, and this program's shares
+        of the network's gradients (per local head into DW2P / DB2P, summed over the heads into DW1P / DB1P /
+        DSIGP)."""
         b = tl.program_id(0)
         b64 = b.to(tl.int64)  # the bases' offsets in 64 bits (B H N D passes 2^31), the tiles' in 32
         Q, K, DK = Q + b64 * N * (MP * BLOCK_D), K + b64 * S * (MP * BLOCK_D), DK + b64 * S * (MP * BLOCK_D)
+        DQ = DQ + b64 * N * (MP * BLOCK_D)
+        prog = b * tl.num_programs(1) + tl.program_id(1)
         start_n = tl.program_id(1) * BLOCK_N
         offs_n = start_n + tl.arange(0, BLOCK_N)
         offs_k, offs_h = tl.arange(0, MP), tl.arange(0, HP)
@@ -296,6 +237,9 @@ if triton is not None:
         dks = ()
         for k in tl.static_range(MP):
             dks = dks + (tl.zeros([BLOCK_N, BLOCK_D], tl.float32),)
+        dw1 = tl.zeros([HP, MP], tl.float32)
+        db1 = tl.zeros([HP], tl.float32)
+        dsig = tl.zeros([MP], tl.float32)
         lo = _query_start(start_n, BLOCK_M, N, S, CAUSAL)
         free = _free_queries_start(start_n, lo, BLOCK_M, BLOCK_N, N, S, CAUSAL)
         full = tl.maximum(free, N // BLOCK_M * BLOCK_M)
@@ -304,22 +248,32 @@ if triton is not None:
             v = tl.load(V + bh * S * DV + offs_n[:, None] * DV + offs_dv[None, :],
                         mask=cols[:, None] & (offs_dv < DV)[None, :], other=0.0)
             dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+            db2 = tl.zeros([BLOCK_M], tl.float32)
+            dw2 = tl.zeros([HP], tl.float32)
             DOj, LSEj, DELTAj = DO + bh * N * DV, LSE + bh * N * 2, DELTA + bh * N
             for start_m in range(lo, free, BLOCK_M):
-                dks, dv = _dkv_step(ks, dks, Q, DOj, LSEj, DELTAj, v, dv, SIG, W1, B1, W2, B2, KB, b, j, offs_h, offs_k,
-                                    start_m, start_n, N, S, D, DV, M, H, scale, P_DROP, SEED, NSEED, NOISE, PADDED,
-                                    CAUSAL, DROPOUT, True, PREC, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, MP)
+                dks, dv, dw1, db1, dw2, db2, dsig = _dkv_step(
+                    ks, dks, Q, DOj, LSEj, DELTAj, DQ, v, dv, SIG, W1, B1, W2, B2, KB, b, j, offs_h, offs_k, start_m,
+                    start_n, N, S, D, DV, M, H, scale, dw1, db1, dw2, db2, dsig, P_DROP, SEED, NSEED, NOISE, PADDED,
+                    CAUSAL, DROPOUT, True, PREC, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, MP)
             for start_m in range(free, N // BLOCK_M * BLOCK_M, BLOCK_M):
-                dks, dv = _dkv_step(ks, dks, Q, DOj, LSEj, DELTAj, v, dv, SIG, W1, B1, W2, B2, KB, b, j, offs_h, offs_k,
-                                    start_m, start_n, N, S, D, DV, M, H, scale, P_DROP, SEED, NSEED, NOISE, PADDED,
-                                    CAUSAL, DROPOUT, False, PREC, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, MP)
+                dks, dv, dw1, db1, dw2, db2, dsig = _dkv_step(
+                    ks, dks, Q, DOj, LSEj, DELTAj, DQ, v, dv, SIG, W1, B1, W2, B2, KB, b, j, offs_h, offs_k, start_m,
+                    start_n, N, S, D, DV, M, H, scale, dw1, db1, dw2, db2, dsig, P_DROP, SEED, NSEED, NOISE, PADDED,
+                    CAUSAL, DROPOUT, False, PREC, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, MP)
             for start_m in range(full, N, BLOCK_M):
-                dks, dv = _dkv_step(ks, dks, Q, DOj, LSEj, DELTAj, v, dv, SIG, W1, B1, W2, B2, KB, b, j, offs_h, offs_k,
-                                    start_m, start_n, N, S, D, DV, M, H, scale, P_DROP, SEED, NSEED, NOISE, PADDED,
-                                    CAUSAL, DROPOUT, True, PREC, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, MP)
+                dks, dv, dw1, db1, dw2, db2, dsig = _dkv_step(
+                    ks, dks, Q, DOj, LSEj, DELTAj, DQ, v, dv, SIG, W1, B1, W2, B2, KB, b, j, offs_h, offs_k, start_m,
+                    start_n, N, S, D, DV, M, H, scale, dw1, db1, dw2, db2, dsig, P_DROP, SEED, NSEED, NOISE, PADDED,
+                    CAUSAL, DROPOUT, True, PREC, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, MP)
             tl.store(DVO + bh * S * DV + offs_n[:, None] * DV + offs_dv[None, :], dv,
                      mask=cols[:, None] & (offs_dv < DV)[None, :])
+            tl.store(DW2P + (prog * H + j) * HP + offs_h, dw2)
+            tl.store(DB2P + prog * H + j, tl.sum(db2))
         offs_d = tl.arange(0, BLOCK_D)
         for k in tl.static_range(MP):  # into (B, S, MP BLOCK_D), as k was given
             tl.store(DK + offs_n[:, None] * (MP * BLOCK_D) + k * BLOCK_D + offs_d[None, :], dks[k] * scale,
                      mask=cols[:, None])
+        tl.store(DW1P + (prog * HP + offs_h[:, None]) * MP + offs_k[None, :], dw1)
+        tl.store(DB1P + prog * HP + offs_h, db1)
+        tl.store(DSIGP + prog * MP + offs_k, dsig)

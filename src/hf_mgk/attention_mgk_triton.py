@@ -56,19 +56,16 @@ __all__ = ["MAX_HEAD_SIZE", "available", "block_sizes", "dkv_rows", "is_one_pass
 
 def block_sizes(device_type, head_size, value_size, dtype=None, key_tiles=1):
     """(BLOCK_M query rows, BLOCK_N keys) of a program (the dK / dV kernel takes them the other way round): the
-    interpreter's small tiles, a GPU's defaults, or the tuned ones (attention_triton.tuned_blocks). The defaults,
-    for sm_90, sm_80, sm_86: 128 x 64 in half precision, the cheapest candidate on the static cost model
-    (benchmark.static) and within sm_86's 99 KB of shared memory at 2 stages; float32 SMALL_FLOAT32. key_tiles: the
-    key tiles a block holds (MGK's M, sMGK's 1): from 4, 64 x 32, where 128 x 64 spilled inside the main loops
-    (sm_90, bf16: 18-56 spill loads / stores an iteration, 339-421 with dropout and causal; at 64 x 32 none, 110-115
-    with both), for 0.53 -> 0.61 cycles a pair (soft, the model, which does not charge spills)."""
+    interpreter's small tiles, a GPU's defaults, or the tuned ones (attention_triton.tuned_blocks). GPU defaults
+    (sm_90 / 80 / 86): 128 x 64 in half precision, the cheapest on the static cost model (benchmark.static), within
+    sm_86's 99 KB at 2 stages; float32 SMALL_FLOAT32. From 4 key tiles a block (key_tiles: MGK's M, sMGK's 1)
+    64 x 32: 128 x 64 spilled inside the main loops (sm_90, bf16: 18-56 spill loads / stores an iteration, 339-421
+    with dropout and causal; 64 x 32: 0, 110-115), for 0.53 -> 0.61 cycles a pair on the model (blind to spills)."""
     if device_type == "cpu":
         default = (32, 32)
     elif dtype == torch.float32:
         default = SMALL_FLOAT32
-    elif max(head_size, value_size) > 64:  # not studied on the model: the previous default
-        default = (64, 32)
-    elif key_tiles >= 4:
+    elif max(head_size, value_size) > 64 or key_tiles >= 4:  # wider heads: not studied on the model
         default = (64, 32)
     else:
         default = (128, 64)
@@ -78,27 +75,24 @@ def block_sizes(device_type, head_size, value_size, dtype=None, key_tiles=1):
 SMALL_FLOAT32 = (32, 32)  # float32 at M = 4, 2 stages: 78.6 KB of shared memory on sm_86 at D = 64 (64 x 32: 140 KB)
 
 def launch_options(block_m, block_n):
-    """num_warps and num_stages of a launch over tiles of these blocks: 8 warps (two warpgroups) for tiles of
-    128 x 64 and more, so that a thread holds what it holds at 64 x 64 with 4. No register cap: capped at the flash
-    baseline's + 32 (136 / 160 / 246 for forward / dQ / dK dV at 128 x 64), ptxas spilled inside the main loops (up
-    to 700 spill loads / stores an iteration with dropout or M = 4), and a cap gains no occupancy at 8 warps."""
+    """num_warps and num_stages of a launch over tiles of these blocks: 8 warps (two warpgroups) from 128 x 64, so a
+    thread holds what it holds at 64 x 64 with 4. No register cap: at the flash baseline's + 32 (136 / 160 / 246)
+    ptxas spilled inside the main loops (up to 700 spill loads / stores an iteration with dropout or M = 4)."""
     return dict(num_warps=8 if block_m * block_n >= 128 * 64 else 4, num_stages=2)
 
 
 def dkv_rows(block_n, num_keys=2):
     """The query rows an iteration of the key-major dK / dV program takes: half the forward's, a quarter for M >= 3
-    keys (at least 16). Its M dK accumulators, dV and the tiles of a (keys, rows) iteration held at 128 x 64 spilled
-    on sm_90 (dropout: ~150 spill loads / stores an iteration); at 128 keys x 32 rows M = 2 compiles without, at
-    128 x 16 M = 3 and M = 4 without dropout do (kernel notes)."""
+    keys (16 at least). Its M dK accumulators, dV and a (keys, rows) iteration's tiles spilled at 128 x 64 on sm_90;
+    at 128 keys x 32 rows M = 2 does not, at 128 x 16 M = 3 (kernel notes)."""
     return max(16, block_n // (2 if num_keys <= 2 else 4))
 
 
 def is_one_pass(hard, shared, num_keys):
-    """Whether the backward is one pass, dq and dx added by the dK / dV programs (float32 atomics), rather than a dQ
-    pass before it: the hard E-step, sMGK at any M and MGK up to 3 keys. On sm_90's model (bf16, D = 64, 128 x 64)
-    hard MGK's backward fell from 0.200 to 0.157 cycles a pair and softmax head at M = 2, 0.361 to 0.291 at M = 3;
-    at M = 4 the dK / dV program, holding four dK accumulators and dq's products, spilled inside its loop (768
-    spill loads / stores; 1.12 against the two passes' 0.48)."""
+    """Whether the backward is one pass, dq and dx added by the dK / dV programs (float32 atomics), not a dQ pass
+    before it: the hard E-step, sMGK at any M, MGK up to 3 keys. On sm_90's model (bf16, D = 64) hard MGK's backward
+    fell 0.200 -> 0.157 cycles a pair at M = 2, 0.361 -> 0.291 at M = 3; at M = 4 its dK / dV program (four dK
+    accumulators and dq's products) spilled inside its loop (768 spill loads / stores: 1.12 against 0.48)."""
     return hard and (shared or num_keys <= 3)
 
 
@@ -525,25 +519,21 @@ class _TritonMGK(torch.autograd.Function):
         bh, n, s, d, dv, m, block_m, block_n, dropout_p, seed = ctx.shape
         dout = dout.contiguous()
         one_pass = is_one_pass(ctx.consts["HARD"], ctx.consts["SHARED"], m)
-        dq = (torch.zeros if one_pass else torch.empty)(bh, n, d, dtype=torch.float32, device=q.device)
-        dx = (torch.zeros if one_pass else torch.empty)(bh, m, n, dtype=torch.float32, device=q.device)
-        dk = torch.empty(k.shape, dtype=torch.float32, device=q.device)
-        dvv = torch.empty(bh, s, dv, dtype=torch.float32, device=q.device)
-        dy = torch.empty(bh, m, s, dtype=torch.float32, device=q.device)
+        f32, first = dict(dtype=torch.float32, device=q.device), torch.zeros if one_pass else torch.empty
+        dq, dx, dk = first(bh, n, d, **f32), first(bh, m, n, **f32), torch.empty(k.shape, **f32)
+        dvv, dy = torch.empty(bh, s, dv, **f32), torch.empty(bh, m, s, **f32)
         consts = ctx.consts
         # delta_i = dO_i . h_i = sum_jr a_ijr dO_i . v_j from the float32 output. The row sums sum_jr dL_ijr must
         # vanish as they do exactly: the |q|^2 / 2 terms of x make dq = s (sum_j dL k - q sum_j dL) a difference,
-        # and the prior's gradient is a sum of cancelling terms, both of which amplify a rounded delta (an output
-        # rounded to bfloat16 gave 3x the dense path's error in dq, 10x in the prior's gradient). The float32
-        # output keeps only the rounding of P for its product with V: P in one bfloat16 part failed the prior's
-        # gradient by 4x its tolerance, P = hi + lo (the forward's two products) passes with the old margins.
+        # and the prior's gradient cancels, both amplifying a rounded delta (a bfloat16 output: 3x the dense path's
+        # error in dq, 10x in the prior's gradient; P in one bfloat16 part for its product with V failed the
+        # prior's gradient by 4x, P = hi + lo, the forward's two products, passes with the old margins).
         delta = (dout.float() * out).sum(-1)
         args = (n, s, d, dv, dropout_p, seed)
         if not one_pass:
             _bwd_dq_kernel[(bh, triton.cdiv(n, block_m))](q, k, v, x2, y2, s2, dout, lse, delta, dq, dx, *args,
                                                           **consts, **launch_options(block_m, block_n))
-        # dK / dV key-major: block_m keys a program, dkv_rows(block_n) query rows an iteration, with the warps of the
-        # forward's tile (the same keys x D accumulators a thread)
+        # dK / dV key-major: block_m keys a program, dkv_rows query rows an iteration, the forward's tile's warps
         consts = _constants(q, n, s, d, dv, m, consts["HARD"], consts["CAUSAL"], consts["SHARED"],
                             dkv_rows(block_n, m), block_m, dropout_p)
         _bwd_dkv_kernel[(bh, triton.cdiv(s, block_m))](q, k, v, x2, y2, s2, dout, lse, delta, dk, dvv, dy, dq, dx,

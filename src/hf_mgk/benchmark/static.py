@@ -208,11 +208,10 @@ def launches(path, direction, target=90, dtype="bf16", head_size=64, blocks=None
         if one_pass:
             return [dkv]
         return [launch(amt._bwd_dq_kernel, base, dtype, bm * bn, 0.5, options=opts), dkv]
-    # FiSH: forward per (batch x local head, query block) over key blocks; a network's dQ per (batch, query block)
-    # over the H local heads and, for each, the key blocks, in blocks of aft.kv_rows(BLOCK_N) keys; dK / dV per
-    # (batch, key block) over the heads and the query blocks (of aft.kv_rows(BLOCK_M, NETWORK) rows), linear
-    # mixing's adding dq' too (one pass). Each inner iteration covers one local head's block of pairs, once per
-    # pass: 1.0 per pair and local head, and FiSH's H local heads stand against softmax's H heads
+    # FiSH: forward per (batch x local head, query block) over key blocks; the backward in one pass, per (batch, key
+    # block) over the heads and the query blocks (of aft.kv_rows(BLOCK_M) rows), adding dq too. Each inner
+    # iteration covers one local head's block of pairs, once per pass: 1.0 per pair and local head, and FiSH's H
+    # local heads stand against softmax's H heads
     kind = "fish" if path == "mish" else path
     bm, bn = blocks or aft.block_sizes("cuda", GLOBAL_HEADS, head_size, head_size, torch_dtype, shared)
     base = dict(MP=triton.next_power_of_2(GLOBAL_HEADS), NETWORK=kind.endswith("gfish"),
@@ -222,11 +221,8 @@ def launches(path, direction, target=90, dtype="bf16", head_size=64, blocks=None
     if direction == "forward":
         return [launch(aft._fwd_kernel, base, dtype, bm * bn, 1.0)]
     back = {**base, "HP": triton.next_power_of_2(LOCAL_HEADS)}
-    # dK / dV: half the query rows an iteration (linear mixing a quarter); a network's dQ half the keys (aft.kv_rows)
-    kv = launch(aft._bwd_kv_kernel, back, dtype, aft.kv_rows(bm, base["NETWORK"]) * bn, 1.0)
-    if not base["NETWORK"]:  # linear mixing: one pass, the dK / dV programs adding G
-        return [kv]
-    return [launch(aft._bwd_q_kernel, back, dtype, bm * aft.kv_rows(bn), 1.0), kv]
+    # dK / dV (and dq): a quarter of the query rows an iteration (aft.kv_rows)
+    return [launch(aft._bwd_kv_kernel, back, dtype, aft.kv_rows(bm) * bn, 1.0)]
 
 
 # ---- compile and count ----------------------------------------------------------------------------------------------
