@@ -34,11 +34,12 @@ def test_linear_paths_match_reference(device, variant, case):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("variant", ["fish", "hard_fish", "gfish", "hard_gfish"])
 def test_one_pass_backward_over_quarter_rows_and_several_key_blocks(monkeypatch, device, variant):
-    """The backward's programs (one per block of keys: dk, dv, dq added by atomics, the mixing's gradient shares)
-    iterate over a quarter of the query rows (aft.kv_rows: 16 of 64): 64 x 32 blocks, 72 queries (rows in five
-    quarters, the last ragged), 80 keys (three key blocks, every dq row added to by each), causal and padded."""
+    """The backward's programs (one per batch x local head and block of keys: dk, dv, dq added by atomics, the
+    mixing's gradient shares) iterate over part of the query rows (aft.kv_rows: 16 of 64, a network 32): 64 x 32
+    blocks, 72 queries (the last part ragged), 80 keys (three key blocks, every dq row added to by each), causal and
+    padded."""
     monkeypatch.setenv("HF_MGK_TRITON_BLOCKS", "fish=64x32")
-    assert aft.block_sizes(device, 2, 16, 16) == (64, 32) and aft.kv_rows(64) == 16
+    assert aft.block_sizes(device, 2, 16, 16) == (64, 32) and (aft.kv_rows(64), aft.kv_rows(64, True)) == (16, 32)
     _check(variant, 2, 72, 80, 16, 16, True, True, device)
 
 

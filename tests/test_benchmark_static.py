@@ -62,7 +62,9 @@ def test_per_pair_weights_and_the_launches_of_a_pass(monkeypatch):
     for path in ("hard_fish", "gfish"):
         back = static.launches(path, "backward")
         assert [(ln.name, ln.per_pair) for ln in back] == [("_bwd_kv_kernel", 1.0)]
-        assert back[0].pairs == aft.kv_rows(back[0].constants["BLOCK_M"]) * back[0].constants["BLOCK_N"]
+        rows = aft.kv_rows(back[0].constants["BLOCK_M"], path == "gfish")  # a quarter, a network half
+        assert back[0].pairs == rows * back[0].constants["BLOCK_N"] and rows == back[0].constants["BLOCK_M"] // (
+            2 if path == "gfish" else 4)
     assert [len(static.launches("softmax", d)) for d in ("forward", "backward")] == [1, 2]
     # MiSH runs FiSH's kernels with the same constants
     for direction in ("forward", "backward"):
@@ -118,6 +120,13 @@ def test_counting_a_hand_written_listing_by_pipe():
     c = static.count(instrs, *inner[0], cold)
     assert c == dict(issue=10, mufu=1, fp32=2, alu=2, mma=2, mma_flops=2 * 64 * 64 * 16 / 4 + 2 * 16 * 8 * 16,
                      mem=1, ctrl=2, uniform=1)
+    # a loop nested in the main loop that runs 3 times an iteration (a network's hidden units): everything in the
+    # main loop counted, the nested body (FSETP, BRA) twice more
+    hot = static.hot_count(instrs, *inner[0], back, cold, trips=3)
+    assert hot == {k: v + 2 * static.count(instrs, 12, 13)[k] for k, v in static.count(instrs, 2, 15).items()}
+    assert hot["issue"] == c["issue"] + 3 + 2 * 2 and static.hot_count(instrs, *inner[0], back, cold) == c
+    assert [ln.trips for ln in static.launches("gfish", "forward")] == [static.LOCAL_HEADS]
+    assert [ln.trips for ln in static.launches("fish", "backward")] == [1]
     assert static.pipe_of("HFMA2.MMA") == "fp32" and static.pipe_of("LOP3.LUT") == "alu"
     assert static.pipe_of("MUFU.RCP") == "mufu" and static.pipe_of("ULDC.64") == "uniform"
 

@@ -80,13 +80,15 @@ def noise_seed(generator, device):
     return int(torch.randint(0, 2**31 - 2**20, (), generator=generator, device=gen_device))
 
 
-def kv_rows(block_m):
+def kv_rows(block_m, network=False):
     """The query rows an iteration of the one-pass backward's programs (per block of keys) covers: a quarter of the
-    block (16 at least). They hold dk (keys x M D, float32), dV and dq's product (rows x M D) beside the tiles: at
-    half the block (32 of 64) they spilled inside the loop on sm_90 in bf16 at M = 2 (spill loads / stores an
-    iteration: hard FiSH 60, FiSH 351, hard GFiSH 322, GFiSH 639), at 16 rows 6 / 110 / 3 / 92, for 0.25 -> 0.27
-    (hard FiSH) and 0.67 -> 0.81 (hard GFiSH) cycles a pair on the model, which does not charge spills."""
-    return max(16, int(block_m) // 4)
+    block for linear mixing, half for a network (16 at least). They hold dk (keys x M D, float32), dV and dq's
+    product (rows x M D) beside the tiles: at half the block (32 of 64) linear mixing spilled inside the loop on
+    sm_90 in bf16 at M = 2 (spill loads / stores an iteration: hard FiSH 60, FiSH 351), at 16 rows 6 / 110, for
+    0.25 -> 0.27 cycles a pair (hard FiSH) on the model, which does not charge spills. A network's iteration pays a
+    fixed cost, the tile sums of its parameters' gradients per hidden unit, so fewer rows cost more: 16 rows 13.9x
+    the baseline (hard GFiSH), 32 rows 7.9x with 104 spill instructions an iteration, 64 rows 8.4x with 1214."""
+    return max(16, int(block_m) // (2 if network else 4))
 
 
 if triton is not None:
@@ -131,7 +133,7 @@ if triton is not None:
         if NETWORK:
             _net_bwd_kv(Q, K, V, DO, LSE, DELTA, SIG, W1, B1, W2, B2, KB, DK, DVO, DQ, DW1P, DB1P, DW2P, DB2P, DSIGP, N,
                         S, D, BLOCK_DV, M, H, scale, P_DROP, SEED, NSEED, MP, HP, NOISE, PADDED, CAUSAL, DROPOUT, PREC,
-                        KV_ROWS(BLOCK_M), BLOCK_N, BLOCK_D, BLOCK_DV)
+                        KV_ROWS(BLOCK_M, True), BLOCK_N, BLOCK_D, BLOCK_DV)
         else:
             _lin_bwd_kv(Q, K, V, DO, LSE, DELTA, STD, KB, DK, DVO, DQ, DSP, N, S, H, P_DROP, SEED, NSEED, NOISE, PADDED,
                         CAUSAL, DROPOUT, PREC, KV_ROWS(BLOCK_M), BLOCK_N, BLOCK_DV, MP * BLOCK_D)
@@ -258,30 +260,32 @@ class _TritonFiSH(torch.autograd.Function):
         f32 = dict(dtype=torch.float32, device=q.device)
         k_blocks = triton.cdiv(s, consts["BLOCK_N"])
         width = mp * consts["BLOCK_D"]
-        dout, dk = _pad(dout, consts_dv(dv_size)), torch.empty(b, s, width, **f32)  # V, dO rows of BLOCK_DV
-        # one pass: dq added by the dK / dV programs (zeroed), each program's shares of the mixing's gradients
-        programs = b * k_blocks
+        # one pass, a program per (batch x local head, block of keys): each head's share of dk (summed here), dq
+        # added by the programs (zeroed), each program's shares of the mixing's gradients
+        dout, dk = _pad(dout, consts_dv(dv_size)), torch.empty(b, h, s, width, **f32)  # V, dO rows of BLOCK_DV
+        programs = (b, h, k_blocks)
         if consts["NETWORK"]:  # q and k with their heads side by side (padded), dq and dk likewise
             qw, dq = _concat_keys(q, width), torch.zeros(b, n, width, **f32)
         else:  # G_j = dL/dq'_j per local head, dk' (module docstring)
             qw, dq = _fold(q, tensors[0], scale, width), torch.zeros(b, h, n, width, **f32)
         qkv = (qw, _concat_keys(k, width), _pad(v, consts_dv(dv_size)))
         dv = torch.empty(b, h, s, qkv[2].shape[-1], **f32)
-        dsp = torch.zeros(programs * h, **f32)
-        dw1p, db1p = torch.zeros(programs, hp, mp, **f32), torch.zeros(programs, hp, **f32)
-        dw2p, db2p = torch.zeros(programs, h, hp, **f32), torch.zeros(programs, h, **f32)
-        dsigp = torch.zeros(programs, mp, **f32)
-        _bwd_kv_kernel[(b, k_blocks)](*qkv, dout, lse, delta, *tensors, dk, dv, dq, dsp, dw1p, db1p, dw2p, db2p, dsigp,
-                                      *ctx.runtime, HP=hp, **consts)
+        dsp, db2p = torch.zeros(programs, **f32), torch.zeros(programs, **f32)
+        dw1p, db1p = torch.zeros(*programs, hp, mp, **f32), torch.zeros(*programs, hp, **f32)
+        dw2p, dsigp = torch.zeros(*programs, hp, **f32), torch.zeros(*programs, mp, **f32)
+        _bwd_kv_kernel[(b * h, k_blocks)](*qkv, dout, lse, delta, *tensors, dk, dv, dq, dsp, dw1p, db1p, dw2p, db2p,
+                                          dsigp, *ctx.runtime, HP=hp, **consts)
+        dk = dk.sum(1)
         if consts["NETWORK"]:
-            grads = [None, None, dsigp.sum(0)[:m], dw1p.sum(0)[:h, :m], db1p.sum(0)[:h], dw2p.sum(0)[:, :h],
-                     db2p.sum(0)]
+            over = (0, 1, 2)
+            grads = [None, None, dsigp.sum(over)[:m], dw1p.sum(over)[:h, :m], db1p.sum(over)[:h],
+                     dw2p.sum((0, 2))[:, :h], db2p.sum((0, 2))]
             dq = _unfold(dq, m, d)
         else:  # dq_k = scale sum_j w_kj G_jk, dw_kj = scale sum q_k . G_jk, dstd_j = sum of its programs' shares
             g, w = _unfold(dq, m, d), tensors[0]  # (B, H, M, N, D)
             dq = torch.einsum("bhknd,kh->bknd", g, w * scale)
             dw = torch.einsum("bhknd,bknd->kh", g, q.float()) * scale
-            grads = [dw, dsp.view(b, h, k_blocks).sum((0, 2)), None, None, None, None, None]
+            grads = [dw, dsp.sum((0, 2)), None, None, None, None, None]
         dk = _unfold(dk, m, d)
         grads = [g if given else None for g, given in zip(grads, ctx.given)]
         return (dq.to(q.dtype), dk.to(k.dtype), dv[..., :dv_size].to(v.dtype), *grads, None, None, None, None, None, None)

@@ -218,44 +218,44 @@ if triton is not None:
 
     @triton.jit
     def bwd_kv(Q, K, V, DO, LSE, DELTA, STD, KB, DK, DVO, DQ, DSP, N, S, H, P_DROP, SEED, NSEED,
-               NOISE: tl.constexpr,
-               PADDED: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, W: tl.constexpr):
-        """For one (batch, block of keys): dk' = sum_j dA_j^T q'_j (into DK, (B, S, W) float32) and each local
-        head's dv_j = P_j^T dO_j."""
-        b = tl.program_id(0)
-        b64 = b.to(tl.int64)  # the bases' offsets in 64 bits, the tiles' in 32
-        K, DK = K + b64 * S * W, DK + b64 * S * W
+               NOISE: tl.constexpr, PADDED: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
+               PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr,
+               W: tl.constexpr):
+        """For one (batch x local head j, block of keys): head j's share dA_j^T q'_j of dk' (into DK, (B, H, S, W)
+        float32, summed over the heads in torch: a program per head, not one looping over them, so that B H S /
+        BLOCK_N programs fill the GPU), its dv_j = P_j^T dO_j, G_j added to DQ and its share of dstd_j."""
+        bh = tl.program_id(0)
+        b, j = bh // H, bh % H
+        bh64 = bh.to(tl.int64)  # the bases' offsets in 64 bits, the tiles' in 32
+        K, DK = K + b.to(tl.int64) * S * W, DK + bh64 * S * W
+        Q, DO, DQ = Q + bh64 * N * W, DO + bh64 * N * BLOCK_DV, DQ + bh64 * N * W
+        LSE, DELTA = LSE + bh64 * N * 2, DELTA + bh64 * N
         start_n = tl.program_id(1) * BLOCK_N
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        offs_dv = tl.arange(0, BLOCK_DV)
         cols = offs_n < S
         k, kb = _key_tile(K, KB, b, start_n, S, PADDED, True, BLOCK_N, W)  # keys past S: not stored
+        v = _value_tile(V + bh64 * S * BLOCK_DV, offs_n, S, True, BLOCK_DV)
+        std = tl.load(STD + j) if NOISE else 0.0
         dk = tl.zeros([BLOCK_N, W], tl.float32)
+        dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+        dstd = tl.zeros([BLOCK_N], tl.float32)
         lo = _query_start(start_n, BLOCK_M, N, S, CAUSAL)
         free = _free_queries_start(start_n, lo, BLOCK_M, BLOCK_N, N, S, CAUSAL)
         full = tl.maximum(free, N // BLOCK_M * BLOCK_M)
-        for j in range(H):
-            bh = b64 * H + j
-            Qj, DOj, LSEj, DELTAj = Q + bh * N * W, DO + bh * N * BLOCK_DV, LSE + bh * N * 2, DELTA + bh * N
-            v = _value_tile(V + bh * S * BLOCK_DV, offs_n, S, True, BLOCK_DV)
-            std = tl.load(STD + j) if NOISE else 0.0
-            dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
-            dstd = tl.zeros([BLOCK_N], tl.float32)
-            DQj = DQ + bh * N * W
-            for start_m in range(lo, free, BLOCK_M):
-                dk, dv, dstd = _dkv_step(k, kb, v, Qj, DOj, LSEj, DELTAj, DQj, b, j, H, start_m, start_n, N, S,
-                                         std, dk, dv, dstd, P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT,
-                                         True, PREC, BLOCK_M, BLOCK_N, BLOCK_DV, W)
-            for start_m in range(free, N // BLOCK_M * BLOCK_M, BLOCK_M):
-                dk, dv, dstd = _dkv_step(k, kb, v, Qj, DOj, LSEj, DELTAj, DQj, b, j, H, start_m, start_n, N, S,
-                                         std, dk, dv, dstd, P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT,
-                                         False, PREC, BLOCK_M, BLOCK_N, BLOCK_DV, W)
-            for start_m in range(full, N, BLOCK_M):
-                dk, dv, dstd = _dkv_step(k, kb, v, Qj, DOj, LSEj, DELTAj, DQj, b, j, H, start_m, start_n, N, S,
-                                         std, dk, dv, dstd, P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT,
-                                         True, PREC, BLOCK_M, BLOCK_N, BLOCK_DV, W)
-            tl.store(DVO + bh * S * BLOCK_DV + offs_n[:, None] * BLOCK_DV + offs_dv[None, :], dv, mask=cols[:, None])
-            if NOISE:
-                tl.store(DSP + bh * tl.num_programs(1) + tl.program_id(1), tl.sum(dstd))
+        for start_m in range(lo, free, BLOCK_M):
+            dk, dv, dstd = _dkv_step(k, kb, v, Q, DO, LSE, DELTA, DQ, b, j, H, start_m, start_n, N, S, std, dk, dv,
+                                     dstd, P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT, True, PREC, BLOCK_M,
+                                     BLOCK_N, BLOCK_DV, W)
+        for start_m in range(free, N // BLOCK_M * BLOCK_M, BLOCK_M):
+            dk, dv, dstd = _dkv_step(k, kb, v, Q, DO, LSE, DELTA, DQ, b, j, H, start_m, start_n, N, S, std, dk, dv,
+                                     dstd, P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT, False, PREC, BLOCK_M,
+                                     BLOCK_N, BLOCK_DV, W)
+        for start_m in range(full, N, BLOCK_M):
+            dk, dv, dstd = _dkv_step(k, kb, v, Q, DO, LSE, DELTA, DQ, b, j, H, start_m, start_n, N, S, std, dk, dv,
+                                     dstd, P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT, True, PREC, BLOCK_M,
+                                     BLOCK_N, BLOCK_DV, W)
+        tl.store(DVO + bh64 * S * BLOCK_DV + offs_n[:, None] * BLOCK_DV + tl.arange(0, BLOCK_DV)[None, :], dv,
+                 mask=cols[:, None])
+        if NOISE:
+            tl.store(DSP + bh * tl.num_programs(1) + tl.program_id(1), tl.sum(dstd))
         tl.store(DK + offs_n[:, None] * W + tl.arange(0, W)[None, :], dk, mask=cols[:, None])

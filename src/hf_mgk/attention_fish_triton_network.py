@@ -2,9 +2,9 @@
 head axis, noise sigma_k eps_k on its input), in 2-D tiles: the M global heads unrolled (tl.static_range over MP,
 their tiles held in tuples), each global product X_k = scale q_k . k_k one 2-D tl.dot (wgmma on sm_90), the network
 applied elementwise per tile (its hidden layer recomputed per local head). attention_fish_triton calls these from its
-kernels (which dispatch on NETWORK): the forward per (batch x local head, block of query rows); dQ per (batch, block
-of query rows) over the local heads and key blocks, with each program's shares of dW1, db1, dW2, db2 and dsigma
-(summed in torch); dK / dV per (batch, block of keys) over the local heads and query blocks. Masks only on edge
+kernels (which dispatch on NETWORK): the forward per (batch x local head, block of query rows); the backward in one
+pass, per (batch, block of keys) over the local heads and query blocks: dk, dv, dq added by float32 atomics, and
+each program's shares of dW1, db1, dW2, db2 and dsigma (summed in torch). Masks only on edge
 blocks (attention_triton.free_keys_end / free_queries_start). The noise eps_k: attention_triton.normal_tile under the
 call's seed, stream b, rows' counter bases (k N + n) ceil(S / 4). q and k come as (B, N|S, MP BLOCK_D), each head's
 columns padded (attention_fish_triton._concat_keys), dq and dk go out so; V, dO, the output and dV with rows of
@@ -219,61 +219,60 @@ if triton is not None:
                DV, M, H, scale, P_DROP, SEED, NSEED, MP: tl.constexpr, HP: tl.constexpr, NOISE: tl.constexpr,
                PADDED: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-        """The backward in one pass, for one block of keys: dk_k = scale sum_j sum_i dX_jk^T q_k, each local head's
-        dv_j = P_j^T dO_j, dq_k = scale sum_j dX_jk k_k added to DQ (zeroed) by atomics, and this program's shares
-        of the network's gradients (per local head into DW2P / DB2P, summed over the heads into DW1P / DB1P /
-        DSIGP)."""
-        b = tl.program_id(0)
-        b64 = b.to(tl.int64)  # the bases' offsets in 64 bits (B H N D passes 2^31), the tiles' in 32
-        Q, K, DK = Q + b64 * N * (MP * BLOCK_D), K + b64 * S * (MP * BLOCK_D), DK + b64 * S * (MP * BLOCK_D)
-        DQ = DQ + b64 * N * (MP * BLOCK_D)
-        prog = b * tl.num_programs(1) + tl.program_id(1)
+        """The backward in one pass, for one (batch x local head j, block of keys): head j's share of dk_k = scale
+        sum_j sum_i dX_jk^T q_k (into DK, (B, H, S, MP BLOCK_D), summed over the heads in torch: a program per head
+        fills the GPU), its dv_j = P_j^T dO_j, its dq_k = scale sum_s dX_jk k_k added to DQ (zeroed) by atomics, and
+        its shares of the network's gradients (a row of DW1P, DB1P, DW2P, DB2P, DSIGP per program)."""
+        bh = tl.program_id(0)
+        b, j = bh // H, bh % H
+        b64, bh64 = b.to(tl.int64), bh.to(tl.int64)  # the bases' offsets in 64 bits (B H N D passes 2^31)
+        Q, K, DQ = Q + b64 * N * (MP * BLOCK_D), K + b64 * S * (MP * BLOCK_D), DQ + b64 * N * (MP * BLOCK_D)
+        DK = DK + bh64 * S * (MP * BLOCK_D)
+        DO, LSE, DELTA = DO + bh64 * N * DV, LSE + bh64 * N * 2, DELTA + bh64 * N
+        prog = bh * tl.num_programs(1) + tl.program_id(1)
         start_n = tl.program_id(1) * BLOCK_N
         offs_n = start_n + tl.arange(0, BLOCK_N)
         offs_k, offs_h = tl.arange(0, MP), tl.arange(0, HP)
         offs_dv = tl.arange(0, BLOCK_DV)
         cols = offs_n < S
         ks = _heads(K, offs_n, S, True, MP, BLOCK_D)
+        v = tl.load(V + bh64 * S * DV + offs_n[:, None] * DV + offs_dv[None, :],
+                    mask=cols[:, None] & (offs_dv < DV)[None, :], other=0.0)
         dks = ()
         for k in tl.static_range(MP):
             dks = dks + (tl.zeros([BLOCK_N, BLOCK_D], tl.float32),)
+        dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
         dw1 = tl.zeros([HP, MP], tl.float32)
         db1 = tl.zeros([HP], tl.float32)
+        dw2 = tl.zeros([HP], tl.float32)
+        db2 = tl.zeros([BLOCK_M], tl.float32)
         dsig = tl.zeros([MP], tl.float32)
         lo = _query_start(start_n, BLOCK_M, N, S, CAUSAL)
         free = _free_queries_start(start_n, lo, BLOCK_M, BLOCK_N, N, S, CAUSAL)
         full = tl.maximum(free, N // BLOCK_M * BLOCK_M)
-        for j in range(H):
-            bh = b64 * H + j
-            v = tl.load(V + bh * S * DV + offs_n[:, None] * DV + offs_dv[None, :],
-                        mask=cols[:, None] & (offs_dv < DV)[None, :], other=0.0)
-            dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
-            db2 = tl.zeros([BLOCK_M], tl.float32)
-            dw2 = tl.zeros([HP], tl.float32)
-            DOj, LSEj, DELTAj = DO + bh * N * DV, LSE + bh * N * 2, DELTA + bh * N
-            for start_m in range(lo, free, BLOCK_M):
-                dks, dv, dw1, db1, dw2, db2, dsig = _dkv_step(
-                    ks, dks, Q, DOj, LSEj, DELTAj, DQ, v, dv, SIG, W1, B1, W2, B2, KB, b, j, offs_h, offs_k, start_m,
-                    start_n, N, S, D, DV, M, H, scale, dw1, db1, dw2, db2, dsig, P_DROP, SEED, NSEED, NOISE, PADDED,
-                    CAUSAL, DROPOUT, True, PREC, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, MP)
-            for start_m in range(free, N // BLOCK_M * BLOCK_M, BLOCK_M):
-                dks, dv, dw1, db1, dw2, db2, dsig = _dkv_step(
-                    ks, dks, Q, DOj, LSEj, DELTAj, DQ, v, dv, SIG, W1, B1, W2, B2, KB, b, j, offs_h, offs_k, start_m,
-                    start_n, N, S, D, DV, M, H, scale, dw1, db1, dw2, db2, dsig, P_DROP, SEED, NSEED, NOISE, PADDED,
-                    CAUSAL, DROPOUT, False, PREC, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, MP)
-            for start_m in range(full, N, BLOCK_M):
-                dks, dv, dw1, db1, dw2, db2, dsig = _dkv_step(
-                    ks, dks, Q, DOj, LSEj, DELTAj, DQ, v, dv, SIG, W1, B1, W2, B2, KB, b, j, offs_h, offs_k, start_m,
-                    start_n, N, S, D, DV, M, H, scale, dw1, db1, dw2, db2, dsig, P_DROP, SEED, NSEED, NOISE, PADDED,
-                    CAUSAL, DROPOUT, True, PREC, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, MP)
-            tl.store(DVO + bh * S * DV + offs_n[:, None] * DV + offs_dv[None, :], dv,
-                     mask=cols[:, None] & (offs_dv < DV)[None, :])
-            tl.store(DW2P + (prog * H + j) * HP + offs_h, dw2)
-            tl.store(DB2P + prog * H + j, tl.sum(db2))
+        for start_m in range(lo, free, BLOCK_M):
+            dks, dv, dw1, db1, dw2, db2, dsig = _dkv_step(
+                ks, dks, Q, DO, LSE, DELTA, DQ, v, dv, SIG, W1, B1, W2, B2, KB, b, j, offs_h, offs_k, start_m,
+                start_n, N, S, D, DV, M, H, scale, dw1, db1, dw2, db2, dsig, P_DROP, SEED, NSEED, NOISE, PADDED,
+                CAUSAL, DROPOUT, True, PREC, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, MP)
+        for start_m in range(free, N // BLOCK_M * BLOCK_M, BLOCK_M):
+            dks, dv, dw1, db1, dw2, db2, dsig = _dkv_step(
+                ks, dks, Q, DO, LSE, DELTA, DQ, v, dv, SIG, W1, B1, W2, B2, KB, b, j, offs_h, offs_k, start_m,
+                start_n, N, S, D, DV, M, H, scale, dw1, db1, dw2, db2, dsig, P_DROP, SEED, NSEED, NOISE, PADDED,
+                CAUSAL, DROPOUT, False, PREC, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, MP)
+        for start_m in range(full, N, BLOCK_M):
+            dks, dv, dw1, db1, dw2, db2, dsig = _dkv_step(
+                ks, dks, Q, DO, LSE, DELTA, DQ, v, dv, SIG, W1, B1, W2, B2, KB, b, j, offs_h, offs_k, start_m,
+                start_n, N, S, D, DV, M, H, scale, dw1, db1, dw2, db2, dsig, P_DROP, SEED, NSEED, NOISE, PADDED,
+                CAUSAL, DROPOUT, True, PREC, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, MP)
+        tl.store(DVO + bh64 * S * DV + offs_n[:, None] * DV + offs_dv[None, :], dv,
+                 mask=cols[:, None] & (offs_dv < DV)[None, :])
         offs_d = tl.arange(0, BLOCK_D)
-        for k in tl.static_range(MP):  # into (B, S, MP BLOCK_D), as k was given
+        for k in tl.static_range(MP):  # into (B, H, S, MP BLOCK_D), as k was given with a head axis
             tl.store(DK + offs_n[:, None] * (MP * BLOCK_D) + k * BLOCK_D + offs_d[None, :], dks[k] * scale,
                      mask=cols[:, None])
         tl.store(DW1P + (prog * HP + offs_h[:, None]) * MP + offs_k[None, :], dw1)
         tl.store(DB1P + prog * HP + offs_h, db1)
+        tl.store(DW2P + prog * HP + offs_h, dw2)
+        tl.store(DB2P + prog, tl.sum(db2))
         tl.store(DSIGP + prog * MP + offs_k, dsig)

@@ -156,13 +156,14 @@ def signature(fn, constants, dtype, half):
             else "*" + (dtype if a in half else "fp32") for a in fn.arg_names}
 
 
-def launch(fn, constants, dtype, pairs, per_pair, half=HALF_KERNELS, name=None, options=None):
+def launch(fn, constants, dtype, pairs, per_pair, half=HALF_KERNELS, name=None, options=None, trips=1):
     """One kernel launch of a pass: what compiles it (kernel, signature, constants, options: the launch's
     num_warps / num_stages, by default WARPS / STAGES) and how its main loop counts (pairs: (query, key) pairs x
-    heads one iteration covers; per_pair: the times a pass runs that loop per pair and softmax head)."""
+    heads one iteration covers; per_pair: the times a pass runs that loop per pair and softmax head; trips: the
+    times a loop nested in the main loop runs an iteration, `hot_count`)."""
     return SimpleNamespace(kernel=fn, name=name or fn.__name__, signature=signature(fn, constants, dtype, half),
                            constants=dict(constants), options=dict(options or dict(num_warps=WARPS, num_stages=STAGES)),
-                           pairs=pairs, per_pair=per_pair)
+                           pairs=pairs, per_pair=per_pair, trips=trips)
 
 
 def launches(path, direction, target=90, dtype="bf16", head_size=64, blocks=None):
@@ -209,7 +210,7 @@ def launches(path, direction, target=90, dtype="bf16", head_size=64, blocks=None
             return [dkv]
         return [launch(amt._bwd_dq_kernel, base, dtype, bm * bn, 0.5, options=opts), dkv]
     # FiSH: forward per (batch x local head, query block) over key blocks; the backward in one pass, per (batch, key
-    # block) over the heads and the query blocks (of aft.kv_rows(BLOCK_M) rows), adding dq too. Each inner
+    # block) over the heads and the query blocks (of aft.kv_rows(BLOCK_M, NETWORK) rows), adding dq too. Each inner
     # iteration covers one local head's block of pairs, once per pass: 1.0 per pair and local head, and FiSH's H
     # local heads stand against softmax's H heads
     kind = "fish" if path == "mish" else path
@@ -218,11 +219,12 @@ def launches(path, direction, target=90, dtype="bf16", head_size=64, blocks=None
                 NOISE=not kind.startswith("hard"), PADDED=False, CAUSAL=False, DROPOUT=False,
                 PREC=precision(torch_dtype, "cuda", float32="tf32x3"),
                 BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DV=bd)
+    trips = LOCAL_HEADS if base["NETWORK"] else 1  # the network's loop over its H hidden units, nested
     if direction == "forward":
-        return [launch(aft._fwd_kernel, base, dtype, bm * bn, 1.0)]
+        return [launch(aft._fwd_kernel, base, dtype, bm * bn, 1.0, trips=trips)]
     back = {**base, "HP": triton.next_power_of_2(LOCAL_HEADS)}
-    # dK / dV (and dq): a quarter of the query rows an iteration (aft.kv_rows)
-    return [launch(aft._bwd_kv_kernel, back, dtype, aft.kv_rows(bm) * bn, 1.0)]
+    # dK / dV (and dq): a quarter of the query rows an iteration, a network half (aft.kv_rows)
+    return [launch(aft._bwd_kv_kernel, back, dtype, aft.kv_rows(bm, base["NETWORK"]) * bn, 1.0, trips=trips)]
 
 
 # ---- compile and count ----------------------------------------------------------------------------------------------
@@ -299,6 +301,20 @@ def count(instrs, first, last, cold=()):
             shape = tuple(int(x) for x in m.groups()) if m else MMA_SYNC.get(op.split(".")[1] if "." in op else "")
             if shape:
                 c["mma_flops"] += 2 * shape[0] * shape[1] * shape[2] / (4 if op.startswith("HGMMA") else 1)
+    return c
+
+
+def hot_count(instrs, first, last, back, cold, trips=1):
+    """count() of the main loop instrs[first..last]: its cold paths skipped, or with trips > 1 (the loops nested in
+    it run `trips` times an iteration: a GFiSH network's loop over its H hidden units, whose guard branch looks like
+    a cold path) everything in it counted and each nested loop's body `trips` times."""
+    if trips == 1:
+        return count(instrs, first, last, cold)
+    c = count(instrs, first, last)
+    for a, b in back:
+        if first <= a and b <= last and (a, b) != (first, last):
+            extra = count(instrs, a, b)
+            c = {k: c[k] + (trips - 1) * extra[k] for k in c}
     return c
 
 
@@ -382,7 +398,7 @@ def cost(ln, target=90, aligned=False):
     inner, back, cold = main_loop(instrs, labels)
     if not inner:
         raise RuntimeError(f"{ln.name}: no loop in its SASS")
-    c = max((count(instrs, a, b, cold) for a, b in inner), key=lambda x: x["issue"])
+    c = max((hot_count(instrs, a, b, back, cold, ln.trips) for a, b in inner), key=lambda x: x["issue"])
     scale = ln.options["num_warps"] / ln.pairs * ln.per_pair
     bound = bounds(c, target)
     row = dict(kernel=ln.name, **meta, loops=len(back), mma_loop=c["mma"] > 0, body=c["issue"] + c["uniform"],
