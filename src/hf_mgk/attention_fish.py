@@ -43,7 +43,7 @@ from .attention_blocks import autocast_enabled, resolve_backend, row_blocks
 from .attention_fish_recomputed import RecomputedFiSH, mix
 from .attention_fish_triton import MAX_GLOBAL_HEADS, counters, fish_triton
 from .attention_masks import allowed_pairs, is_tracing, mask_kind, masked_scores
-from .attention_triton import MAX_COUNTER
+from .attention_triton import MAX_COUNTER, deterministic_refusal
 from .attention_triton import available as triton_available
 from .attention_triton import refusal as triton_refusal
 
@@ -79,7 +79,8 @@ def choose_backend(*, mixing, noise, dropout, return_weights, device_type, dtype
       weights; autocast): blocked."""
     if device_type == "cuda" and _triton_refusal(
             mixing=mixing, return_weights=return_weights, device_type=device_type, dtype=dtype, tracing=tracing,
-            mask=mask, triton=triton, head_size=head_size, num_global=num_global, counter=counter) is None:
+            mask=mask, triton=triton, head_size=head_size, num_global=num_global, counter=counter,
+            requires_grad=requires_grad) is None:
         return "triton"
     linear = mixing in ("heads", "shared") and not dropout and not return_weights
     training = requires_grad and not tracing
@@ -93,14 +94,15 @@ def choose_backend(*, mixing, noise, dropout, return_weights, device_type, dtype
 
 
 def _triton_refusal(*, mixing, return_weights, device_type, dtype, tracing, mask, triton, head_size, num_global,
-                    counter, **_):
+                    counter, requires_grad=False, **_):
     """Why the Triton kernels cannot run a call (None: they can); `triton`: whether they can be used at all."""
-    family = ("return_weights (only 'blocked' forms the weights)" if return_weights
-              else "a mixing network other than make_gfish_mixing's" if mixing == "module"
-              else f"{num_global} global heads (the kernels take up to {MAX_GLOBAL_HEADS})"
-              if num_global > MAX_GLOBAL_HEADS
-              else f"sequences this long (the kernels' random draws count N x S positions, x M for a network's "
-                   f"noise, in 32 bits: {counter} >= 2^31)" if counter >= MAX_COUNTER else None)
+    family = deterministic_refusal(requires_grad) or (  # the backward adds dq by atomics (one pass)
+        "return_weights (only 'blocked' forms the weights)" if return_weights
+        else "a mixing network other than make_gfish_mixing's" if mixing == "module"
+        else f"{num_global} global heads (the kernels take up to {MAX_GLOBAL_HEADS})"
+        if num_global > MAX_GLOBAL_HEADS
+        else f"sequences this long (the kernels' random draws count N x S positions, x M for a network's "
+             f"noise, in 32 bits: {counter} >= 2^31)" if counter >= MAX_COUNTER else None)
     return triton_refusal(device_type, head_size, installed=triton, family=family, mask=mask, tracing=tracing,
                           dtype=dtype)
 
@@ -117,7 +119,7 @@ def _refusals(*, mixing, noise, dropout, return_weights, dtype, autocast, tracin
         else "half precision" if dtype not in (torch.float32, torch.float64)
         else "autocast" if autocast else "tracing or compiling" if tracing else None)
     triton = _triton_refusal(mixing=mixing, return_weights=return_weights, dtype=dtype, tracing=tracing, mask=mask,
-                             **facts)
+                             **facts)  # facts holds requires_grad
     return {"fused": fused, "recomputed": recomputed, "blocked": None, "triton": triton}
 
 

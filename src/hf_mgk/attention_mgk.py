@@ -33,7 +33,7 @@ from .attention_autotune import timed
 from .attention_blocks import autocast_enabled, resolve_backend
 from .attention_mgk_blocked import BLOCK_ROWS, KEEP_BYTES, MIN_ROW_SUM, mgk_blocked
 from .attention_mgk_triton import mgk_triton
-from .attention_triton import MAX_COUNTER
+from .attention_triton import MAX_COUNTER, deterministic_refusal
 from .attention_mgk_triton import available as triton_available
 from .attention_mgk_triton import refusal as triton_refusal
 from .attention_masks import allowed_pairs, causal_mask, is_tracing, mask_kind, masked_scores
@@ -58,13 +58,15 @@ MLK_CHUNK = 64
 
 
 def choose_backend(*, e_step, return_weights, device_type, dtype, autocast, tracing, mask, triton=False,
-                   head_size=64, variance_grad=False, num_keys=2, counter=0):
+                   head_size=64, variance_grad=False, num_keys=2, counter=0, requires_grad=False):
     """The backend `mgk_attention` / `smgk_attention` run with backend="auto", from plain facts about the call:
     e_step "soft" / "hard"; device_type e.g. "cpu"; dtype the query's; autocast: whether autocast is on for that
     device; tracing: traced or compiled; mask: None, "padding" (B, S) or "pairs" (a whole 4-D mask); triton:
     whether Triton is installed; head_size: the larger of the q / k and v head sizes;
     variance_grad: the variances are a tensor that needs a gradient; num_keys: M; counter: the largest counter
-    of the call's dropout draws (N x S with dropout, else 0; the kernels count in 32 bits).
+    of the call's dropout draws (N x S with dropout, else 0; the kernels count in 32 bits); requires_grad:
+    autograd records the call (the hard E-step's kernels add gradients by atomics: not under
+    torch.use_deterministic_algorithms).
 
     The weights come from the dense form only. On the CPU in float32 / float64 outside autocast (a padding mask or
     none, not traced: its Python loop reads tensor values) the blocked path, with or without autograd, so that
@@ -83,26 +85,27 @@ def choose_backend(*, e_step, return_weights, device_type, dtype, autocast, trac
     if device_type == "cuda" and triton and _triton_refusal(
             e_step=e_step, return_weights=return_weights, device_type=device_type, dtype=dtype, tracing=tracing,
             mask=mask, triton=triton, head_size=head_size, variance_grad=variance_grad, num_keys=num_keys,
-            counter=counter) is None:
+            counter=counter, requires_grad=requires_grad) is None:
         return "triton"
     return "dense" if e_step == "hard" else "sdpa"
 
 
 def _triton_refusal(*, return_weights, device_type, dtype, tracing, mask, triton, head_size, variance_grad,
-                    num_keys=2, counter=0, **_):
+                    num_keys=2, counter=0, e_step="soft", requires_grad=False, **_):
     """Why the Triton kernels cannot run a call (None: they can); `triton`: whether they can be used at all."""
-    family = ("return_weights (only 'dense' forms the weights)" if return_weights
-              else "variances that need a gradient (sigma is fixed in the Triton kernels)" if variance_grad
-              else f"{num_keys} keys per position (the kernels are tested for M = 1 to {MAX_TRITON_KEYS})"
-              if num_keys > MAX_TRITON_KEYS
-              else f"dropout on sequences this long (the kernels' dropout draws count N x S positions in 32 bits: "
-                   f"{counter} >= 2^31)" if counter >= MAX_COUNTER else None)
+    family = deterministic_refusal(e_step == "hard" and requires_grad) or (
+        "return_weights (only 'dense' forms the weights)" if return_weights
+        else "variances that need a gradient (sigma is fixed in the Triton kernels)" if variance_grad
+        else f"{num_keys} keys per position (the kernels are tested for M = 1 to {MAX_TRITON_KEYS})"
+        if num_keys > MAX_TRITON_KEYS
+        else f"dropout on sequences this long (the kernels' dropout draws count N x S positions in 32 bits: "
+             f"{counter} >= 2^31)" if counter >= MAX_COUNTER else None)
     return triton_refusal(device_type, head_size, installed=triton, family=family, mask=mask, tracing=tracing,
                           dtype=dtype)
 
 
 def _refusals(*, e_step, return_weights, device_type, dtype, autocast, tracing, mask, triton=False, head_size=64,
-              variance_grad=False, num_keys=2, counter=0):
+              variance_grad=False, num_keys=2, counter=0, requires_grad=False):
     """Why each backend cannot run a call (None: it can)."""
     blocked = ("return_weights (only 'dense' forms the weights)" if return_weights
                else "a whole 4-D mask" if mask == "pairs"
@@ -113,19 +116,24 @@ def _refusals(*, e_step, return_weights, device_type, dtype, autocast, tracing, 
             else "return_weights (only 'dense' forms the weights)" if return_weights else None)
     triton_ = _triton_refusal(e_step=e_step, return_weights=return_weights, device_type=device_type, dtype=dtype,
                               tracing=tracing, mask=mask, triton=triton, head_size=head_size,
-                              variance_grad=variance_grad, num_keys=num_keys, counter=counter)
+                              variance_grad=variance_grad, num_keys=num_keys, counter=counter,
+                              requires_grad=requires_grad)
     return {"dense": None, "sdpa": sdpa, "blocked": blocked, "triton": triton_}
 
 
-def _backend(backend, query, value, variances, attention_mask, e_step, return_weights, dropout_p=0.0, timed=None):
-    """The backend a call runs (resolve_backend); timed: `_timed`'s function for this call, or None."""
+def _backend(backend, query, value, variances, attention_mask, e_step, return_weights, dropout_p=0.0, timed=None,
+             tensors=()):
+    """The backend a call runs (resolve_backend); timed: `_timed`'s function for this call, or None; tensors: the
+    call's other inputs (keys, shifts, prior), for whether autograd records it."""
     facts = dict(e_step=e_step, return_weights=return_weights, device_type=query.device.type, dtype=query.dtype,
                  autocast=autocast_enabled(query.device.type), tracing=is_tracing(),
                  mask=mask_kind(attention_mask), triton=triton_available(),
                  head_size=max(query.shape[-1], value.shape[-1]),
                  variance_grad=isinstance(variances, torch.Tensor) and variances.requires_grad,
                  num_keys=len(variances) if not isinstance(variances, torch.Tensor) else variances.numel(),
-                 counter=query.shape[-2] * value.shape[-2] if dropout_p > 0 else 0)
+                 counter=query.shape[-2] * value.shape[-2] if dropout_p > 0 else 0,
+                 requires_grad=torch.is_grad_enabled() and any(
+                     isinstance(t, torch.Tensor) and t.requires_grad for t in (query, value, *tensors)))
     measured = None if timed is None else (lambda: timed(choose_backend(**{**facts, "triton": False})))
     return resolve_backend(backend, choose_backend(**facts), _refusals(**facts), device_type=query.device.type,
                            timed=measured)
@@ -264,7 +272,7 @@ def mgk_attention(query, keys, value, *, variances, log_prior=None, e_step="soft
     var = _as_variances(variances, query, keys.shape[2])
     backend = _backend(backend, query, value, variances, attention_mask, e_step, return_weights, dropout_p,
                        _timed(mgk_attention, query, keys, None, value, variances, log_prior, e_step, attention_mask,
-                              is_causal, dropout_p))
+                              is_causal, dropout_p), (keys, log_prior))
     if backend == "triton":
         return mgk_triton(query, keys, None, value, variances, log_prior, e_step, attention_mask, is_causal,
                           dropout_p)
@@ -294,7 +302,7 @@ def smgk_attention(query, key, key_shift, value, *, variances, log_prior=None, e
     var = _as_variances(variances, query, key_shift.shape[1])
     backend = _backend(backend, query, value, variances, attention_mask, e_step, return_weights, dropout_p,
                        _timed(smgk_attention, query, key, key_shift, value, variances, log_prior, e_step,
-                              attention_mask, is_causal, dropout_p))
+                              attention_mask, is_causal, dropout_p), (key, key_shift, log_prior))
     if backend == "triton":
         return mgk_triton(query, key, key_shift, value, variances, log_prior, e_step, attention_mask, is_causal,
                           dropout_p)

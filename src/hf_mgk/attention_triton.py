@@ -98,6 +98,17 @@ def refusal(device_type, head_size, *, installed=True, family=None, mask=None, t
     return None
 
 
+def deterministic_refusal(atomics):
+    """Why a call whose backward adds gradients by float atomics (`atomics`: autograd records it and its kernels'
+    backward is one pass) cannot take the kernels: torch's deterministic algorithms are on
+    (torch.use_deterministic_algorithms, warn_only too), and the atomics' order, so the last bits of the
+    gradients, varies run to run. None otherwise."""
+    if atomics and torch.are_deterministic_algorithms_enabled():
+        return ("deterministic algorithms (torch.use_deterministic_algorithms): the kernels' backward adds gradients "
+                "by float atomics, in an order that varies run to run")
+    return None
+
+
 def shape_class(head_size, num_global=1):
     """The shapes one tuning of the block sizes holds for: the padded width of a program's q / k / v rows,
     "w<next_power_of_2(num_global) x next_power_of_2(head_size)>" (MGK: num_global 1; FiSH: its M global heads,
