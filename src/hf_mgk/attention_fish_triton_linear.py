@@ -119,7 +119,7 @@ if triton is not None:
         offs_n = start_n + tl.arange(0, BLOCK_N)
         v = _value_tile(V, offs_n, S, EDGE, BLOCK_DV)
         if DROPOUT:  # the weights dropped after the normalisation: l sums the undropped P
-            p = tl.where(_keep(SEED, bh, offs_m, start_n, S, P_DROP, BLOCK_N), p / (1.0 - P_DROP), 0.0)
+            p = tl.where(_keep(SEED, bh, offs_m, start_n, S, P_DROP, BLOCK_N), p, 0.0)  # 1 / (1 - p) at the end
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PREC)
         return m_new, l_i, acc
 
@@ -150,6 +150,8 @@ if triton is not None:
                                       BLOCK_DV, W)
         seen = l_i > 0  # a row that sees no key: output 0, max +inf (backward's weights all 0)
         out = acc / tl.where(seen, l_i, 1.0)[:, None]
+        if DROPOUT:
+            out = out * (1.0 / (1.0 - P_DROP))
         tl.store(O + offs_m[:, None] * BLOCK_DV + offs_dv[None, :], out.to(O.dtype.element_ty),
                  mask=(offs_m < N)[:, None])
         tl.store(LSE + offs_m * 2, tl.where(seen, m_i, float("inf")), mask=offs_m < N)
@@ -168,8 +170,8 @@ if triton is not None:
         p_used = p
         if DROPOUT:  # d P_ij = mask_ij dO_i . v_j / (1 - p)
             kept = tl.trans(_keep(SEED, b * H + j, offs_m, start_n, S, P_DROP, BLOCK_N))
-            p_used = tl.where(kept, p / (1.0 - P_DROP), 0.0)
-            dp = tl.where(kept, dp / (1.0 - P_DROP), 0.0)
+            p_used = tl.where(kept, p, 0.0)  # dV's 1 / (1 - p) at the end
+            dp = tl.where(kept, dp * (1.0 / (1.0 - P_DROP)), 0.0)
         return p_used, p * (dp - delta[None, :]), eps
 
     @triton.jit
@@ -254,6 +256,8 @@ if triton is not None:
             dk, dv, dstd = _dkv_step(k, kb, v, Q, DO, LSE, DELTA, DQ, b, j, H, start_m, start_n, N, S, std, dk, dv,
                                      dstd, P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT, True, PREC, BLOCK_M,
                                      BLOCK_N, BLOCK_DV, W)
+        if DROPOUT:
+            dv = dv * (1.0 / (1.0 - P_DROP))
         tl.store(DVO + bh64 * S * BLOCK_DV + offs_n[:, None] * BLOCK_DV + tl.arange(0, BLOCK_DV)[None, :], dv,
                  mask=cols[:, None])
         if NOISE:

@@ -134,7 +134,7 @@ if triton is not None:
         p, alpha, m_new, l_i = _online_softmax(a, m_i, l_i)
         v = _value_tile(V, offs_n, S, EDGE, BLOCK_DV)
         if DROPOUT:  # the weights dropped after the normalisation: l sums the undropped P
-            p = tl.where(_keep(SEED, bh, offs_m, start_n, S, P_DROP, BLOCK_N), p / (1.0 - P_DROP), 0.0)
+            p = tl.where(_keep(SEED, bh, offs_m, start_n, S, P_DROP, BLOCK_N), p, 0.0)  # 1 / (1 - p) at the end
         return m_new, l_i, acc * alpha[:, None] + _dot(p.to(v.dtype), v, PREC)
 
     @triton.jit
@@ -163,6 +163,8 @@ if triton is not None:
                                       PREC, BLOCK_N, BLOCK_D, BLOCK_DV, MP)
         seen = l_i > 0  # a row that sees no key: output 0, max +inf (backward's weights all 0)
         out = acc / tl.where(seen, l_i, 1.0)[:, None]
+        if DROPOUT:
+            out = out * (1.0 / (1.0 - P_DROP))
         tl.store(O + offs_m[:, None] * DV + offs_dv[None, :], out.to(O.dtype.element_ty),
                  mask=(offs_m < N)[:, None] & (offs_dv < DV)[None, :])
         tl.store(LSE + offs_m * 2, tl.where(seen, m_i, float("inf")), mask=offs_m < N)
@@ -182,8 +184,8 @@ if triton is not None:
         p_used = p
         if DROPOUT:  # d P_ij = mask_ij dO_i . v_j / (1 - p)
             kept = _keep(SEED, b * H + j, offs_m, start_n, S, P_DROP, BLOCK_N)
-            p_used = tl.where(kept, p / (1.0 - P_DROP), 0.0)
-            dp = tl.where(kept, dp / (1.0 - P_DROP), 0.0)
+            p_used = tl.where(kept, p, 0.0)  # dV's 1 / (1 - p) at the end
+            dp = tl.where(kept, dp * (1.0 / (1.0 - P_DROP)), 0.0)
         return xs, epss, p_used, p * (dp - delta[:, None])
 
     @triton.jit
@@ -265,6 +267,8 @@ if triton is not None:
                 ks, dks, Q, DO, LSE, DELTA, DQ, v, dv, SIG, W1, B1, W2, B2, KB, b, j, offs_h, offs_k, start_m,
                 start_n, N, S, D, DV, M, H, scale, dw1, db1, dw2, db2, dsig, P_DROP, SEED, NSEED, NOISE, PADDED,
                 CAUSAL, DROPOUT, True, PREC, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, MP)
+        if DROPOUT:
+            dv = dv * (1.0 / (1.0 - P_DROP))
         tl.store(DVO + bh64 * S * DV + offs_n[:, None] * DV + offs_dv[None, :], dv,
                  mask=cols[:, None] & (offs_dv < DV)[None, :])
         offs_d = tl.arange(0, BLOCK_D)
