@@ -25,12 +25,12 @@ key, whose output is 0) and the output in float32 (soft: its P split into two ha
 products with V, so that delta_i = dO_i . h_i holds to ~16 bits; see backward).
 Backward recomputes a_ijr = exp2(L_ijr - lse_i) from q and k: dL_ijr = a_ijr (dO_i . v_j - delta_i) (hard: a_ij
 split between the keys with the largest term, ties equally as torch.amax's backward). dK, dV and dy per key block
-over the query blocks, key-major, every key r of the block in one program (dV from one product with sum_r a_ijr);
-dQ and dx per query block over the key blocks in a second pass, or (the hard E-step, is_one_pass) added by the
-dK / dV programs.
+over the query blocks, key-major, every key r of the block in one program (dV from one product with sum_r a_ijr); dQ
+and dx per query block over the key blocks in a second pass, or (the hard E-step, is_one_pass) added by the dK / dV
+programs.
 Dropout (on a_ij, as F.dropout on the weights): a counter-based draw per (batch x head, query, key),
-attention_triton.keep (one Philox word a pair), one seed from torch's generator per call: forward and backward regenerate
-the same mask with nothing stored, and a seeded run repeats.
+attention_triton.keep (one Philox word a pair), one seed from torch's generator per call: forward and backward
+regenerate the same mask with nothing stored, and a seeded run repeats.
 Torch, and Triton where it is installed (this file travels next to remote-code model files: the import is guarded);
 on CPU tensors the kernels run in Triton's interpreter when TRITON_INTERPRET=1 was set before triton's import.
 """
@@ -147,6 +147,24 @@ if triton is not None:
         return out
 
     @triton.jit
+    def _head(Q, K, V, X, Y, N, S, D, DV, M: tl.constexpr, SHARED: tl.constexpr):
+        """The program's head: bh (32-bit, the dropout draws' key), bh64, and its q, keys, v, x, y (64-bit bases)."""
+        bh = tl.program_id(0)
+        bh64 = bh.to(tl.int64)  # base offsets in 64 bits (B H N D passes 2^31), the tiles' in 32
+        return (bh, bh64, Q + bh64 * N * D, K + bh64 * (S * D if SHARED else M * S * D), V + bh64 * S * DV,
+                X + bh64 * M * N, Y + bh64 * M * S)
+
+    @triton.jit
+    def _query_rows(Q, DO, LSE, DELTA, X, offs_m, offs_d, offs_dv, N, D, DV, M: tl.constexpr, EVEN_N: tl.constexpr,
+                    EVEN_D: tl.constexpr):
+        """What the backward reads of a block of query rows: q, dO, lse (+inf past N), delta, the M x_r."""
+        q = _tile(Q, offs_m, offs_d, D, N, D, EVEN_N, EVEN_D)
+        do = _tile(DO, offs_m, offs_dv, DV, N, DV, EVEN_N, EVEN_D)
+        lse = tl.load(LSE + offs_m) if EVEN_N else tl.load(LSE + offs_m, mask=offs_m < N, other=float("inf"))
+        delta = tl.load(DELTA + offs_m) if EVEN_N else tl.load(DELTA + offs_m, mask=offs_m < N, other=0.0)
+        return q, do, lse, delta, _rows(X, offs_m, N, 0.0, M, EVEN_N)
+
+    @triton.jit
     def _terms(q, ks, ys, s2s, offs_m, offs_n, N, S, M: tl.constexpr, SHARED: tl.constexpr,
                CAUSAL_MASK: tl.constexpr, KEY_MAJOR: tl.constexpr, PREC: tl.constexpr):
         """The M tiles t_r = s_r q.k_r + y_r of a block (log2 units; x_r is added per row by the caller), -inf
@@ -252,11 +270,8 @@ if triton is not None:
         if EVEN_D:  # the row strides as constants: addresses with immediate offsets
             D, DV = BLOCK_D, BLOCK_DV
         stride_kr = S * D
-        bh = tl.program_id(0)  # 32-bit: the dropout draws' key
-        bh64 = bh.to(tl.int64)  # the head's base offsets in 64 bits (B H N D passes 2^31), its tiles' in 32
-        Q, O, LSE = Q + bh64 * N * D, O + bh64 * N * DV, LSE + bh64 * N
-        V, X, Y = V + bh64 * S * DV, X + bh64 * M * N, Y + bh64 * M * S
-        K = K + bh64 * (S * D if SHARED else M * S * D)
+        bh, bh64, Q, K, V, X, Y = _head(Q, K, V, X, Y, N, S, D, DV, M, SHARED)
+        O, LSE = O + bh64 * N * DV, LSE + bh64 * N
         start_m = tl.program_id(1) * BLOCK_M
         offs_m = start_m + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
@@ -328,20 +343,14 @@ if triton is not None:
         if EVEN_D:  # the row strides as constants: addresses with immediate offsets
             D, DV = BLOCK_D, BLOCK_DV
         stride_kr = S * D
-        bh = tl.program_id(0)  # 32-bit: the dropout draws' key
-        bh64 = bh.to(tl.int64)  # the head's base offsets in 64 bits (B H N D passes 2^31), its tiles' in 32
-        Q, DO, DQ, DX = Q + bh64 * N * D, DO + bh64 * N * DV, DQ + bh64 * N * D, DX + bh64 * M * N
-        V, X, Y, LSE, DELTA = V + bh64 * S * DV, X + bh64 * M * N, Y + bh64 * M * S, LSE + bh64 * N, DELTA + bh64 * N
-        K = K + bh64 * (S * D if SHARED else M * S * D)
+        bh, bh64, Q, K, V, X, Y = _head(Q, K, V, X, Y, N, S, D, DV, M, SHARED)
+        DO, DQ, DX = DO + bh64 * N * DV, DQ + bh64 * N * D, DX + bh64 * M * N
+        LSE, DELTA = LSE + bh64 * N, DELTA + bh64 * N
         start_m = tl.program_id(1) * BLOCK_M
         offs_m = start_m + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
-        q = _tile(Q, offs_m, offs_d, D, N, D, EVEN_N, EVEN_D)
-        do = _tile(DO, offs_m, offs_dv, DV, N, DV, EVEN_N, EVEN_D)
-        lse = tl.load(LSE + offs_m) if EVEN_N else tl.load(LSE + offs_m, mask=offs_m < N, other=float("inf"))
-        delta = tl.load(DELTA + offs_m) if EVEN_N else tl.load(DELTA + offs_m, mask=offs_m < N, other=0.0)
-        xs = _rows(X, offs_m, N, 0.0, M, EVEN_N)
+        q, do, lse, delta, xs = _query_rows(Q, DO, LSE, DELTA, X, offs_m, offs_d, offs_dv, N, D, DV, M, EVEN_N, EVEN_D)
         xls = ()
         s2s = ()
         dxs = ()
@@ -384,11 +393,7 @@ if triton is not None:
         """One block of query rows of dk_jr = s_r sum_i dL_ijr q_i, dy_jr = sum_i dL_ijr and dv_j = sum_i A_ij dO_i,
         key-major (the tiles are (keys, rows)): every key r of the block in one program."""
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        q = _tile(Q, offs_m, offs_d, D, N, D, EVEN_N, EVEN_D)
-        do = _tile(DO, offs_m, offs_dv, DV, N, DV, EVEN_N, EVEN_D)
-        lse = tl.load(LSE + offs_m) if EVEN_N else tl.load(LSE + offs_m, mask=offs_m < N, other=float("inf"))
-        delta = tl.load(DELTA + offs_m) if EVEN_N else tl.load(DELTA + offs_m, mask=offs_m < N, other=0.0)
-        xs = _rows(X, offs_m, N, 0.0, M, EVEN_N)
+        q, do, lse, delta, xs = _query_rows(Q, DO, LSE, DELTA, X, offs_m, offs_d, offs_dv, N, D, DV, M, EVEN_N, EVEN_D)
         xls = ()
         for r in tl.static_range(M):
             xls = xls + ((xs[r] - lse)[None, :],)
@@ -443,12 +448,9 @@ if triton is not None:
         if EVEN_D:  # the row strides as constants: addresses with immediate offsets
             D, DV = BLOCK_D, BLOCK_DV
         stride_kr = S * D
-        bh = tl.program_id(0)  # 32-bit: the dropout draws' key
-        bh64 = bh.to(tl.int64)  # the head's base offsets in 64 bits (B H N D passes 2^31), its tiles' in 32
-        Q, DO, LSE, DELTA = Q + bh64 * N * D, DO + bh64 * N * DV, LSE + bh64 * N, DELTA + bh64 * N
-        V, X, Y, DY = V + bh64 * S * DV, X + bh64 * M * N, Y + bh64 * M * S, DY + bh64 * M * S
+        bh, bh64, Q, K, V, X, Y = _head(Q, K, V, X, Y, N, S, D, DV, M, SHARED)
+        DO, LSE, DELTA, DY = DO + bh64 * N * DV, LSE + bh64 * N, DELTA + bh64 * N, DY + bh64 * M * S
         DQ, DX = DQ + bh64 * N * D, DX + bh64 * M * N
-        K = K + bh64 * (S * D if SHARED else M * S * D)
         DK, DV_OUT = DK + bh64 * (S * D if SHARED else M * S * D), DV_OUT + bh64 * S * DV
         start_n = tl.program_id(1) * BLOCK_N
         offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -501,8 +503,7 @@ class _TritonMGK(torch.autograd.Function):
         block_m, block_n = block_sizes(q.device.type, d, dv, q.dtype, 1 if shared else m)
         s2 = torch.tensor(inv_var, dtype=torch.float32, device=q.device) * LOG2E
         x2, y2 = (x * LOG2E).contiguous(), (y * LOG2E).contiguous()
-        # the output in float32 (returned in q's dtype): backward's delta_i = dO_i . h_i from it
-        out = torch.empty(bh, n, dv, dtype=torch.float32, device=q.device)
+        out = torch.empty(bh, n, dv, dtype=torch.float32, device=q.device)  # float32: backward's delta = dO . out
         lse = torch.empty(bh, n, dtype=torch.float32, device=q.device)
         consts = _constants(q, n, s, d, dv, m, hard, causal, shared, block_m, block_n, dropout_p)
         _fwd_kernel[(bh, triton.cdiv(n, block_m))](q, k, v, x2, y2, s2, out, lse, n, s, d, dv, dropout_p, seed,
@@ -522,7 +523,6 @@ class _TritonMGK(torch.autograd.Function):
         f32, first = dict(dtype=torch.float32, device=q.device), torch.zeros if one_pass else torch.empty
         dq, dx, dk = first(bh, n, d, **f32), first(bh, m, n, **f32), torch.empty(k.shape, **f32)
         dvv, dy = torch.empty(bh, s, dv, **f32), torch.empty(bh, m, s, **f32)
-        consts = ctx.consts
         # delta_i = dO_i . h_i = sum_jr a_ijr dO_i . v_j from the float32 output. The row sums sum_jr dL_ijr must
         # vanish as they do exactly: the |q|^2 / 2 terms of x make dq = s (sum_j dL k - q sum_j dL) a difference,
         # and the prior's gradient cancels, both amplifying a rounded delta (a bfloat16 output: 3x the dense path's
@@ -532,9 +532,9 @@ class _TritonMGK(torch.autograd.Function):
         args = (n, s, d, dv, dropout_p, seed)
         if not one_pass:
             _bwd_dq_kernel[(bh, triton.cdiv(n, block_m))](q, k, v, x2, y2, s2, dout, lse, delta, dq, dx, *args,
-                                                          **consts, **launch_options(block_m, block_n))
+                                                          **ctx.consts, **launch_options(block_m, block_n))
         # dK / dV key-major: block_m keys a program, dkv_rows query rows an iteration, the forward's tile's warps
-        consts = _constants(q, n, s, d, dv, m, consts["HARD"], consts["CAUSAL"], consts["SHARED"],
+        consts = _constants(q, n, s, d, dv, m, ctx.consts["HARD"], ctx.consts["CAUSAL"], ctx.consts["SHARED"],
                             dkv_rows(block_n, m), block_m, dropout_p)
         _bwd_dkv_kernel[(bh, triton.cdiv(s, block_m))](q, k, v, x2, y2, s2, dout, lse, delta, dk, dvv, dy, dq, dx,
                                                        *args, **consts, **launch_options(block_m, block_n),
