@@ -12,28 +12,30 @@ Nguyen et al., "Improving Transformer with an Admixture of Attention Heads" (Neu
 `attention_fish.fish_attention` (backend="triton") calls `fish_triton`. The flash pattern: Dao et al.,
 "FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness" (NeurIPS 2022), Alg. 1 and 2.
 
-The kernels (forward, dQ for a network, dK / dV) take both kinds of mixing and run one body for each, so nothing
-of size N x S is written:
+The kernels (forward; the backward, one pass) take both kinds of mixing and run one body for each, so nothing of
+size N x S is written:
 * linear mixing (attention_fish_triton_linear): folded into the query, A_j = q'_j . k' with q'_j = concat_k(scale
   w_kj q_k) and k' = concat_k(k_k) formed here (`_fold`, `_concat_keys`): local head j is flash attention of depth
   M D (padded per head to BLOCK_D) with its own V, every product one 2-D tl.dot (wgmma on sm_90), nothing per pair
-  for the mixing; the noise std_j eps_j added to A. The backward in one pass: dK / dV per (batch, block of keys)
-  over the local heads and query blocks, keys as the products' rows, dk' = sum_j dA_j^T q'_j, and G_j = dA_j k'
-  added by float32 atomics; torch forms dq = scale sum_j w_kj G_jk and dw_kj = scale sum q_k . G_jk (O(H N M D)).
-* a network ((hard) GFiSH, attention_fish_triton_network): the M global heads of a tile as one (MP, rows, keys)
-  block from a batched product, the network per tile in registers; dQ per (batch, block of rows) with each
-  program's shares of the network's gradients, dK / dV per (batch, block of keys).
+  for the mixing; the noise std_j eps_j added to A. The backward in one pass, per (batch x local head, block of
+  keys) over the query blocks, keys as the products' rows: head j's share dA_j^T q'_j of dk' (summed here), and
+  G_j = dA_j k' added by float32 atomics; torch forms dq = scale sum_j w_kj G_jk and dw_kj = scale sum q_k . G_jk
+  (O(H N M D)).
+* a network ((hard) GFiSH, attention_fish_triton_network): the M global heads of a tile unrolled, each a 2-D
+  product, the network per tile in registers; the backward in one pass, per (batch x local head, block of keys):
+  head j's share of dk, dq added by atomics, each program's shares of the network's gradients.
 * Forward: one program per (batch x local head, block of query rows), one pass over the key blocks with an online
   row maximum m, exp2 of (A - m) log2(e). Saved per row: m and log2 of the softmax's sum (+inf and 0 for a row
   that sees no key, whose output is 0); backward forms P = exp2((A - m) log2(e) - log2 l): A - m is exact near the
   maximum, where P matters, whereas one log-sum-exp (A log2(e) - lse) rounds at the size of |A| (measured: 20x the
   reference's float32 error in a cancelling gradient, sigma's, with scores of ~20). The output is computed in
   float32 and rounded afterwards, so that backward's delta_j = dO_j . out_j (torch) is the unrounded output's.
-* Noise and dropout are counter-based draws (attention_triton): the noise attention_triton.normal_tile (Philox4x32-10
-  under key (seed, stream), all four words of a call used: two Box-Muller pairs), stream b H + j for linear mixing
-  (one normal per pair and local head), b for a network (rows k N + n: one per pair and global head); the dropout
-  mask attention_triton.keep (stream 2^31 + b H + j: one word a pair, four a call). The seeds: one per call from the caller's generator (noise) and from
-  torch's (dropout). Backward regenerates both; 32-bit counters bound N S (M N S for a network's noise) below 2^31.
+* Noise and dropout are counter-based draws (attention_triton): the noise attention_triton.normal_tile
+  (Philox4x32-10 under key (seed, stream), all four words of a call used: two Box-Muller pairs), stream b H + j for
+  linear mixing (one normal per pair and local head), b for a network (rows k N + n: one per pair and global head);
+  the dropout mask attention_triton.keep (stream 2^31 + b H + j: one word a pair, four a call). The seeds: one per
+  call from the caller's generator (noise) and from torch's (dropout). Backward regenerates both; 32-bit counters
+  bound N S (M N S for a network's noise) below 2^31.
 
 Torch, and Triton where it is installed (this file travels next to remote-code model files; without Triton the
 other backends run). On CPU tensors the kernels run in Triton's interpreter (TRITON_INTERPRET=1 set before the
@@ -104,9 +106,9 @@ if triton is not None:
     # Each kernel takes both kinds of mixing (the same names, arguments and constants as before the split) and runs
     # one body: linear mixing folded into the query (attention_fish_triton_linear) or the network on the (MP, rows,
     # keys) block of global scores (attention_fish_triton_network). Linear: Q, K are q' (B, H, N, W) and k' (B, S, W)
-    # with W = MP BLOCK_D (`_fold`), DQ receives G (B, H, N, W; zeroed, added to by the dK / dV programs), DK dk'
-    # (B, S, W), DSP dstd's shares (one per batch, local head and key block); a network's DQ (B, N, MP BLOCK_D) and
-    # the D*P partial sums of its gradients (one row per batch and key block).
+    # with W = MP BLOCK_D (`_fold`), DQ receives G (B, H, N, W; zeroed, added to by the backward's programs), DK
+    # each head's share of dk' (B, H, S, W), DSP dstd's shares; a network's DQ (B, N, MP BLOCK_D) and the D*P partial
+    # sums of its gradients; a share per (batch, local head, key block): a program's.
 
     @triton.jit
     def _fwd_kernel(Q, K, V, W, STD, SIG, W1, B1, W2, B2, KB, O, LSE, N, S, D, DV, M, H, scale, P_DROP, SEED,
@@ -126,7 +128,7 @@ if triton is not None:
                        NETWORK: tl.constexpr, NOISE: tl.constexpr, PADDED: tl.constexpr, CAUSAL: tl.constexpr,
                        DROPOUT: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-        # the backward in one pass: dk, dv, and dq by atomics, per (batch, block of keys) over the local heads and
+        # the backward in one pass: dk, dv, and dq by atomics, per (batch x local head, block of keys) over the
         # query blocks of part of the rows (kv_rows): dK (BLOCK_N x W) and dV in float32 take twice the baseline's
         # accumulators, and at full blocks the tiles beside them (the noise's words, a network's MP tiles of X and
         # dX, dq's products) spilled

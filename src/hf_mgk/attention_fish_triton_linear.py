@@ -7,13 +7,12 @@ summed inside it at no cost beyond depth, and nothing per pair for the mixing; i
 pair and local head) is added to A afterwards. attention_fish_triton builds q' and k' in torch (O(H N W) and
 O(S W), not O(N S)), calls these from its kernels (which dispatch on NETWORK) and finishes the gradients:
 * forward: one program per (batch x local head, block of query rows), one pass over the key blocks;
-* backward, one pass: per (batch, block of keys), over the local heads and the query blocks: dk' = sum_j dA_j^T
-  q'_j (q'_j already holds scale w_kj), each head's dV written once, and G_j = dA_j k' (= dL/dq'_j, dK's operand
+* backward, one pass: per (batch x local head j, block of keys), over the query blocks: j's share dA_j^T q'_j of dk'
+  (q'_j already holds scale w_kj; summed over the heads in torch), its dV, and G_j = dA_j k' (= dL/dq'_j, dK's operand
   transposed) added to a float32 (B, H, N, W) by atomics, dstd_j = sum dA_j eps_j per program: the scores and the
-  noise drawn once in the backward (a dQ pass before it drew and multiplied them again: on sm_90's model, bf16,
-  D = 64, M = 2, hard FiSH's backward 0.344 -> 0.250 cycles a pair and head, FiSH's 0.599 -> 0.442). torch forms
-  dq_k = scale sum_j w_kj G_jk and dw_kj = scale sum q_k . G_jk (O(H N W): the mixing's gradient costs nothing
-  per pair).
+  noise drawn once in the backward (a dQ pass before it drew and multiplied them again: on sm_90's model, bf16, D =
+  64, M = 2, hard FiSH's backward 0.344 -> 0.250 cycles a pair and head, FiSH's 0.599 -> 0.442). torch forms dq_k =
+  scale sum_j w_kj G_jk and dw_kj = scale sum q_k . G_jk (O(H N W): the mixing's gradient costs nothing per pair).
 Masks only where a block needs them: each loop over blocks is split into whole blocks that every row sees (no
 bounds or causal mask) and the edge ones (attention_triton.free_keys_end / free_queries_start); the padding bias
 is data and added everywhere.

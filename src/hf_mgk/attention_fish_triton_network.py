@@ -3,8 +3,8 @@ head axis, noise sigma_k eps_k on its input), in 2-D tiles: the M global heads u
 their tiles held in tuples), each global product X_k = scale q_k . k_k one 2-D tl.dot (wgmma on sm_90), the network
 applied elementwise per tile (its hidden layer recomputed per local head). attention_fish_triton calls these from its
 kernels (which dispatch on NETWORK): the forward per (batch x local head, block of query rows); the backward in one
-pass, per (batch, block of keys) over the local heads and query blocks: dk, dv, dq added by float32 atomics, and
-each program's shares of dW1, db1, dW2, db2 and dsigma (summed in torch). Masks only on edge
+pass, per (batch x local head, block of keys) over the query blocks: the head's share of dk (summed in torch), its
+dv, dq added by float32 atomics, and its shares of dW1, db1, dW2, db2 and dsigma (summed in torch). Masks only on edge
 blocks (attention_triton.free_keys_end / free_queries_start). The noise eps_k: attention_triton.normal_tile under the
 call's seed, stream b, rows' counter bases (k N + n) ceil(S / 4). q and k come as (B, N|S, MP BLOCK_D), each head's
 columns padded (attention_fish_triton._concat_keys), dq and dk go out so; V, dO, the output and dV with rows of

@@ -204,8 +204,8 @@ def launches(path, direction, target=90, dtype="bf16", head_size=64, blocks=None
         # (is_one_pass: dq and dx added by the dK / dV programs), the others' dQ before it
         rows = amt.dkv_rows(bn, GLOBAL_HEADS)
         one_pass = amt.is_one_pass(base["HARD"], base["SHARED"], GLOBAL_HEADS)
-        dkv = launch(amt._bwd_dkv_kernel, dict(base, BLOCK_M=rows, BLOCK_N=bm, EVEN_N=True, DQ_ATOMIC=one_pass), dtype,
-                     bm * rows, 0.5, options=opts)
+        dkv = launch(amt._bwd_dkv_kernel, dict(base, BLOCK_M=rows, BLOCK_N=bm, DQ_ATOMIC=one_pass), dtype, bm * rows,
+                     0.5, options=opts)
         if one_pass:
             return [dkv]
         return [launch(amt._bwd_dq_kernel, base, dtype, bm * bn, 0.5, options=opts), dkv]
