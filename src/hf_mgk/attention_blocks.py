@@ -10,7 +10,7 @@ import torch
 
 from .attention_autotune import measured_here
 
-__all__ = ["RETIRED_BACKENDS", "autocast_enabled", "resolve_backend", "row_blocks"]
+__all__ = ["RETIRED_BACKENDS", "autocast_enabled", "records_grad", "resolve_backend", "row_blocks"]
 
 # Backends that existed once and were removed: asking for one by name says so, instead of "unknown backend".
 RETIRED_BACKENDS = {
@@ -37,6 +37,12 @@ def row_blocks(n, s, is_causal, block_rows, keep_empty=False):
             continue
         end = max(1, end)
         yield slice(start, stop), end, min(end, max(0, start + s - n + 1))
+
+
+def records_grad(*tensors):
+    """Whether autograd records a call on these inputs (None and non-tensors skipped): grad mode on and one needs a
+    gradient."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
 def autocast_enabled(device_type):

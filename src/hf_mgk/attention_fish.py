@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention_autotune import timed
-from .attention_blocks import autocast_enabled, resolve_backend, row_blocks
+from .attention_blocks import autocast_enabled, records_grad, resolve_backend, row_blocks
 from .attention_fish_recomputed import RecomputedFiSH, mix
 from .attention_fish_triton import MAX_GLOBAL_HEADS, counters, fish_triton
 from .attention_masks import allowed_pairs, is_tracing, mask_kind, masked_scores
@@ -132,8 +132,7 @@ def _mixing_kind(mixing):
 def _requires_grad(query, key, value, mixing, noise_std):
     """Whether autograd records this call (a mixing network through its parameters)."""
     mixing = list(mixing.parameters()) if isinstance(mixing, nn.Module) else [mixing]
-    return torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (query, key, value, *mixing, noise_std))
+    return records_grad(query, key, value, *mixing, noise_std)
 
 def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, attention_mask=None,
                    is_causal=False, return_weights=False, dropout_p=0.0, generator=None, backend="auto",

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention_autotune import timed
-from .attention_blocks import autocast_enabled, resolve_backend
+from .attention_blocks import autocast_enabled, records_grad, resolve_backend
 from .attention_mgk_blocked import BLOCK_ROWS, KEEP_BYTES, MIN_ROW_SUM, mgk_blocked
 from .attention_mgk_triton import mgk_triton
 from .attention_triton import MAX_COUNTER, deterministic_refusal
@@ -132,8 +132,7 @@ def _backend(backend, query, value, variances, attention_mask, e_step, return_we
                  variance_grad=isinstance(variances, torch.Tensor) and variances.requires_grad,
                  num_keys=len(variances) if not isinstance(variances, torch.Tensor) else variances.numel(),
                  counter=query.shape[-2] * value.shape[-2] if dropout_p > 0 else 0,
-                 requires_grad=torch.is_grad_enabled() and any(
-                     isinstance(t, torch.Tensor) and t.requires_grad for t in (query, value, *tensors)))
+                 requires_grad=records_grad(query, value, *tensors))
     measured = None if timed is None else (lambda: timed(choose_backend(**{**facts, "triton": False})))
     return resolve_backend(backend, choose_backend(**facts), _refusals(**facts), device_type=query.device.type,
                            timed=measured)
