@@ -43,6 +43,61 @@ def test_one_pass_backward_over_quarter_rows_and_several_key_blocks(monkeypatch,
     _check(variant, 2, 72, 80, 16, 16, True, True, device)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("variant", ["fish", "hard_fish", "gfish"])
+def test_the_backward_takes_its_own_blocks_and_warps(monkeypatch, device, variant):
+    """The forward and the backward launch at blocks of their own (aft.launch_configs): here a forward over 32 x 16
+    blocks with 8 warps and a backward of 16-row iterations over 32-key programs with 4 (the GPU defaults are such
+    pairs: LAUNCHES), against the reference; 40 queries and 56 keys end inside a block of each, causal and padded."""
+    launches = ((32, 16, 8), (16, 32, 4))
+    monkeypatch.setattr(aft, "launch_configs", lambda *args, **kwargs: launches)
+    seen = []
+    for name in ("_fwd_kernel", "_bwd_kv_kernel"):
+        kernel = getattr(aft, name)
+        monkeypatch.setattr(aft, name, _Recorder(kernel, seen))
+    _check(variant, 2, 40, 56, 16, 16, True, True, device)
+    assert seen == [("_fwd_kernel", 32, 16, 8), ("_bwd_kv_kernel", 16, 32, 4)]
+
+
+class _Recorder:
+    """A kernel's launches as (name, BLOCK_M, BLOCK_N, num_warps), passed on to the kernel."""
+
+    def __init__(self, kernel, seen):
+        self.kernel, self.seen = kernel, seen
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.seen.append((self.kernel.fn.__name__ if hasattr(self.kernel, "fn") else self.kernel.__name__,
+                              kwargs["BLOCK_M"], kwargs["BLOCK_N"], kwargs["num_warps"]))
+            return self.kernel[grid](*args, **kwargs)
+        return run
+
+
+def test_launch_configs_by_mixing_and_where_they_hold(monkeypatch):
+    """Half precision on a GPU with M x D <= 128 and D <= 64: the studied launches by kind of mixing, the backward over
+    fewer rows than the forward's; float32, wider heads, the interpreter and a tuning: block_sizes for both passes, 4
+    warps, the backward over kv_rows of its rows."""
+    monkeypatch.delenv("HF_MGK_TRITON_BLOCKS", raising=False)
+    bf16, kb = torch.bfloat16, 1024
+    for network, noise, kind in ((False, False, "linear"), (False, True, "noise"), (True, True, "network"),
+                                 (True, False, "network")):
+        for m, d in ((1, 64), (2, 64), (2, 32), (4, 32)):
+            for dropout in (False, True):
+                assert aft.launch_configs("cuda", m, d, d, bf16, 227 * kb, network, noise, dropout) == aft.LAUNCHES[
+                    kind, dropout]
+    assert aft.LAUNCHES["linear", False] == ((128, 64, 4), (32, 64, 4))
+    assert aft.LAUNCHES["linear", True] == ((64, 64, 4), (16, 64, 4))  # 128 rows spilled with dropout
+    for args in (("cuda", 2, 64, 64, torch.float32, 99 * kb), ("cuda", 3, 64, 64, bf16, 227 * kb),
+                 ("cuda", 1, 128, 128, bf16, 227 * kb), ("cuda", 2, 64, 128, bf16, 227 * kb),
+                 ("cpu", 2, 64, 64, torch.float32, None)):
+        bm, bn = aft.block_sizes(*args)
+        for network in (False, True):
+            assert aft.launch_configs(*args, network, True) == ((bm, bn, 4), (aft.kv_rows(bm, network), bn, 4))
+    monkeypatch.setenv("HF_MGK_TRITON_BLOCKS", "fish:w128=64x32")
+    assert aft.launch_configs("cuda", 2, 64, 64, bf16, 227 * kb, False, False) == ((64, 32, 4), (16, 32, 4))
+    assert aft.launch_configs("cuda", 1, 64, 64, bf16, 227 * kb, False, False) == aft.LAUNCHES["linear", False]  # w64
+
+
 if at.triton is not None:
 
     @triton.jit

@@ -187,8 +187,9 @@ def test_tuned_block_sizes_hold_for_the_shape_class_they_were_timed_at(monkeypat
 @pytest.mark.slow  # the kernels of both families in the interpreter, three candidates each
 @pytest.mark.skipif(not at.interpreting(), reason="the tuning pass runs the kernels: here in Triton's interpreter")
 def test_tuning_pass_times_each_candidate_and_names_the_fastest(monkeypatch, capsys):
-    """tune.main on tiny shapes in the interpreter: every candidate timed for each family (a candidate that cannot
-    run is reported, not fatal), the last line the variable to export, the environment as it was after."""
+    """tune.main on tiny shapes in the interpreter: every candidate and the defaults timed for each family (a
+    candidate that cannot run is reported, not fatal), the last line the variable to export (naming a family only
+    where a candidate beat its defaults), the environment as it was after."""
     monkeypatch.delenv("HF_MGK_TRITON_BLOCKS", raising=False)
     monkeypatch.setattr(models, "DTYPE", "fp32")
     real = tune.FAMILY_STEPS["mgk"]
@@ -207,5 +208,12 @@ def test_tuning_pass_times_each_candidate_and_names_the_fastest(monkeypatch, cap
         assert f"## {family}: Triton block sizes" in out
     assert out.strip().splitlines()[-1] == "HF_MGK_TRITON_BLOCKS=" + ",".join(chosen)
     picked = dict(item.split("=") for item in chosen)
-    assert picked.keys() == {"mgk:w16", "fish:w32"} and picked["mgk:w16"] in ("32x32", "16x32")
+    for family, key in (("mgk", "mgk:w16"), ("fish", "fish:w32")):
+        table = out.split(f"## {family}: ")[1].split("\n\n")[0]
+        timed = {row.split("|")[1].strip(): float(row.split("|")[2]) for row in table.splitlines()
+                 if row.startswith("| ") and row.split("|")[2].strip().replace(".", "").isdigit()}
+        assert "default" in timed and len(timed) == (3 if family == "mgk" else 4)
+        fastest = min(timed, key=timed.get)
+        assert picked.get(key, "default") == fastest
+    assert picked.keys() <= {"mgk:w16", "fish:w32"}
     assert "HF_MGK_TRITON_BLOCKS" not in os.environ

@@ -30,9 +30,16 @@ def test_every_launch_of_every_path_has_what_compiles_and_counts_it(path):
             assert set(ln.signature) == set(ln.kernel.arg_names)
             assert {a for a, t in ln.signature.items() if t == "constexpr"} == set(ln.constants)
             # what the real launch uses: MGK's launch_options for its default blocks (every kernel of a call),
-            # the others 4 warps, 3 stages
-            want = (amt.launch_options(*amt.block_sizes("cuda", 64, 64, torch.bfloat16)) if "mgk" in path
-                    else dict(num_warps=4, num_stages=3))
+            # FiSH's launch_configs' warps for its kind of mixing and pass, the baseline 4 warps; 3 stages (Triton's
+            # default) but MGK's
+            if "mgk" in path:
+                want = amt.launch_options(*amt.block_sizes("cuda", 64, 64, torch.bfloat16))
+            elif path == "softmax":
+                want = dict(num_warps=4, num_stages=3)
+            else:
+                configs = aft.launch_configs("cuda", static.GLOBAL_HEADS, 64, 64, torch.bfloat16, 227 * 1024,
+                                             path.endswith("gfish"), not path.startswith("hard"))
+                want = dict(num_warps=configs[direction == "backward"][2], num_stages=3)
             assert ln.options == want
             assert ln.pairs > 0 and ln.per_pair > 0
             if path != "softmax":
@@ -58,13 +65,21 @@ def test_per_pair_weights_and_the_launches_of_a_pass(monkeypatch):
     assert [ln.name for ln in static.launches("smgk hard", "backward")] == ["_bwd_dkv_kernel"]
     monkeypatch.undo()
     # FiSH: one local head's block of pairs an iteration, once per pass
-    # the backward in one pass, the dK / dV programs adding dq (linear mixing: G = dL/dq'), a quarter of the rows
+    # the backward in one pass, the dK / dV programs adding dq (linear mixing: G = dL/dq'), over fewer rows than the
+    # forward's: both passes at aft.launch_configs' blocks and warps for each kind of mixing
+    for path, network, noise in (("hard_fish", False, False), ("fish", False, True), ("gfish", True, True)):
+        configs = aft.launch_configs("cuda", static.GLOBAL_HEADS, 64, 64, torch.bfloat16, 227 * 1024, network, noise)
+        for ln, (rows, keys, warps) in zip((*static.launches(path, "forward"), *static.launches(path, "backward")),
+                                           configs):
+            assert (ln.constants["BLOCK_M"], ln.constants["BLOCK_N"], ln.options["num_warps"]) == (rows, keys, warps)
+            assert ln.pairs == rows * keys and ln.per_pair == 1.0
+        assert configs[1][0] < configs[0][0]  # the backward's rows an iteration: fewer
+    # at given blocks: the backward over a quarter of the rows, a network half, 4 warps
     for path in ("hard_fish", "gfish"):
-        back = static.launches(path, "backward")
+        back = static.launches(path, "backward", blocks=(64, 32))
         assert [(ln.name, ln.per_pair) for ln in back] == [("_bwd_kv_kernel", 1.0)]
-        rows = aft.kv_rows(back[0].constants["BLOCK_M"], path == "gfish")  # a quarter, a network half
-        assert back[0].pairs == rows * back[0].constants["BLOCK_N"] and rows == back[0].constants["BLOCK_M"] // (
-            2 if path == "gfish" else 4)
+        rows = 32 if path == "gfish" else 16
+        assert (back[0].constants["BLOCK_M"], back[0].pairs, back[0].options["num_warps"]) == (rows, rows * 32, 4)
     assert [len(static.launches("softmax", d)) for d in ("forward", "backward")] == [1, 2]
     # MiSH runs FiSH's kernels with the same constants
     for direction in ("forward", "backward"):
@@ -72,7 +87,7 @@ def test_per_pair_weights_and_the_launches_of_a_pass(monkeypatch):
         assert [(ln.kernel, ln.constants) for ln in mish] == [(ln.kernel, ln.constants) for ln in fish]
     assert "mish" in static.NOTES
     # the default GPU blocks of each family, overridable; fp16 pointers where asked
-    assert static.launches("fish", "forward")[0].pairs == 64 * 64
+    assert static.launches("fish", "forward")[0].pairs == 128 * 32
     assert static.launches("mgk soft", "forward", blocks=(32, 16))[0].pairs == 32 * 16
     assert static.launches("softmax", "forward", dtype="fp16")[0].signature["Q"] == "*fp16"
 

@@ -83,14 +83,44 @@ def noise_seed(generator, device):
 
 
 def kv_rows(block_m, network=False):
-    """The query rows an iteration of the one-pass backward's programs (per block of keys) covers: a quarter of the
-    block for linear mixing, half for a network (16 at least). They hold dk (keys x M D, float32), dV and dq's
-    product (rows x M D) beside the tiles: at half the block (32 of 64) linear mixing spilled inside the loop on
-    sm_90 in bf16 at M = 2 (spill loads / stores an iteration: hard FiSH 60, FiSH 351), at 16 rows 6 / 110, for
-    0.25 -> 0.27 cycles a pair (hard FiSH) on the model, which does not charge spills. A network's iteration pays a
-    fixed cost, the tile sums of its parameters' gradients per hidden unit, so fewer rows cost more: 16 rows 13.9x
-    the baseline (hard GFiSH), 32 rows 7.9x with 104 spill instructions an iteration, 64 rows 8.4x with 1214."""
+    """The query rows an iteration of the one-pass backward's programs (per block of keys) covers where the blocks
+    are tuned or not studied (`launch_configs`): a quarter of BLOCK_M for linear mixing, half for a network (16 at
+    least). They hold dk (keys x M D, float32), dV and dq's product (rows x M D) beside the tiles: at half the block
+    (32 of 64) linear mixing spilled inside the loop on sm_90 in bf16 at M = 2 (spill loads / stores an iteration:
+    hard FiSH 60, FiSH 351), at 16 rows 6 / 110. A network's iteration pays a fixed cost, the tile sums of its
+    parameters' gradients per hidden unit, so fewer rows cost more."""
     return max(16, int(block_m) // (2 if network else 4))
+
+
+# The launches of the half-precision defaults where M x D <= 128 and D <= 64, by (kind of mixing, dropout): the
+# forward's (BLOCK_M, BLOCK_N, warps) and the backward's (query rows an iteration, BLOCK_N keys a program, warps).
+# Chosen on sm_90's model (bf16, D = 64, M = 2; kernel notes, "Session 15"): the cheapest of every (BLOCK_M,
+# BLOCK_N) in 64-128 x 32-128, backward rows 16-64, 4 or 8 warps, without spills inside a loop (with dropout, causal
+# and padding too). Cycles a pair, forward + backward, from the 64 x 64 blocks before: linear 0.127 + 0.270 -> 0.094
+# + 0.250 (its tensor-core floor: 11 units of 64-deep products a pair), with noise 0.271 + 0.445 -> 0.254 + 0.438, a
+# network 0.483 + 2.000 -> 0.424 + 1.923 (no spill left; it had 104 spill instructions an iteration). With dropout
+# linear mixing keeps 64 x 64 forwards (128 rows spilled inside the loop) and 16-row backwards.
+LAUNCHES = {("linear", False): ((128, 64, 4), (32, 64, 4)),
+            ("linear", True): ((64, 64, 4), (16, 64, 4)),
+            ("noise", False): ((128, 32, 4), (16, 128, 8)),
+            ("noise", True): ((64, 64, 4), (16, 128, 8)),
+            ("network", False): ((128, 64, 8), (64, 64, 8)),
+            ("network", True): ((128, 64, 8), (64, 64, 8))}
+
+
+def launch_configs(device_type, num_global, head_size, value_size, dtype=torch.bfloat16, shared=None, network=False,
+                   noise=False, dropout=False):
+    """((BLOCK_M, BLOCK_N, num_warps) of the forward, (rows, BLOCK_N, num_warps) of the backward) of a call: for
+    half precision on a GPU with M x D <= 128 and D <= 64 the studied defaults (LAUNCHES, by mixing: a network, linear
+    with noise, linear without; and dropout); else, or where HF_MGK_TRITON_BLOCKS tunes the blocks, `block_sizes` for
+    both passes, 4 warps, the backward over kv_rows of BLOCK_M."""
+    width = triton.next_power_of_2(num_global) * max(16, triton.next_power_of_2(max(head_size, value_size)))
+    studied = (device_type != "cpu" and dtype != torch.float32 and width <= 128 and max(head_size, value_size) <= 64
+               and tuned_blocks("fish", None, shape_class(max(head_size, value_size), num_global)) is None)
+    if studied:
+        return LAUNCHES["network" if network else "noise" if noise else "linear", bool(dropout)]
+    bm, bn = block_sizes(device_type, num_global, head_size, value_size, dtype, shared)
+    return (bm, bn, 4), (kv_rows(bm, network), bn, 4)
 
 
 if triton is not None:
@@ -98,7 +128,6 @@ if triton is not None:
     from .attention_fish_triton_linear import fwd as _lin_fwd
     from .attention_fish_triton_linear import noise as _lin_noise
 
-    KV_ROWS = triton.constexpr_function(kv_rows)
     from .attention_fish_triton_network import bwd_kv as _net_bwd_kv
     from .attention_fish_triton_network import fwd as _net_fwd
     from .attention_fish_triton_network import global_noise as _net_global_noise
@@ -128,17 +157,17 @@ if triton is not None:
                        NETWORK: tl.constexpr, NOISE: tl.constexpr, PADDED: tl.constexpr, CAUSAL: tl.constexpr,
                        DROPOUT: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-        # the backward in one pass: dk, dv, and dq by atomics, per (batch x local head, block of keys) over the
-        # query blocks of part of the rows (kv_rows): dK (BLOCK_N x W) and dV in float32 take twice the baseline's
-        # accumulators, and at full blocks the tiles beside them (the noise's words, a network's MP tiles of X and
-        # dX, dq's products) spilled
+        # the backward in one pass: dk, dv, and dq by atomics, per (batch x local head, block of BLOCK_N keys) over
+        # blocks of BLOCK_M query rows (launch_configs' backward rows, fewer than the forward's): dK (BLOCK_N x W)
+        # and dV in float32 take twice the baseline's accumulators, and at full blocks the tiles beside them (the
+        # noise's words, a network's MP tiles of X and dX, dq's products) spilled
         if NETWORK:
             _net_bwd_kv(Q, K, V, DO, LSE, DELTA, SIG, W1, B1, W2, B2, KB, DK, DVO, DQ, DW1P, DB1P, DW2P, DB2P, DSIGP, N,
                         S, D, BLOCK_DV, M, H, scale, P_DROP, SEED, NSEED, MP, HP, NOISE, PADDED, CAUSAL, DROPOUT, PREC,
-                        KV_ROWS(BLOCK_M, True), BLOCK_N, BLOCK_D, BLOCK_DV)
+                        BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
         else:
             _lin_bwd_kv(Q, K, V, DO, LSE, DELTA, STD, KB, DK, DVO, DQ, DSP, N, S, H, P_DROP, SEED, NSEED, NOISE, PADDED,
-                        CAUSAL, DROPOUT, PREC, KV_ROWS(BLOCK_M), BLOCK_N, BLOCK_DV, MP * BLOCK_D)
+                        CAUSAL, DROPOUT, PREC, BLOCK_M, BLOCK_N, BLOCK_DV, MP * BLOCK_D)
 
     @triton.jit
     def _noise_kernel(E, N, S, M, H, NSEED, NETWORK: tl.constexpr, MP: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -225,7 +254,9 @@ class _TritonFiSH(torch.autograd.Function):
             mp = triton.next_power_of_2(q.shape[1])
             w1 = torch.nn.functional.pad(w1, (0, mp - w1.shape[1]))
             sigma = None if sigma is None else torch.nn.functional.pad(sigma, (0, mp - sigma.shape[0]))
-        block_m, block_n = block_sizes(q.device.type, m, d, dv, q.dtype, shared_memory(q.device))
+        fwd, bwd = launch_configs(q.device.type, m, d, dv, q.dtype, shared_memory(q.device), network,
+                                  (sigma if network else std) is not None, dropout_p > 0)
+        block_m, block_n, warps = fwd
         dummy = q.new_zeros(1, dtype=torch.float32)
         tensors = [t if t is not None else dummy for t in (w, std, sigma, w1, b1, w2, b2, kb)]
         # the output in float32, rounded to the compute dtype afterwards: backward's delta = dO . out from the
@@ -243,10 +274,12 @@ class _TritonFiSH(torch.autograd.Function):
         width = consts["MP"] * consts["BLOCK_D"]
         qkv = (_concat_keys(q, width) if network else _fold(q, w, scale, width), _concat_keys(k, width),
                _pad(v, width_v))
-        _fwd_kernel[(b * h, triton.cdiv(n, block_m))](*qkv, *tensors, out, lse, *runtime, **consts)
+        _fwd_kernel[(b * h, triton.cdiv(n, block_m))](*qkv, *tensors, out, lse, *runtime, num_warps=warps, **consts)
         out = out[..., :dv]
         ctx.save_for_backward(q, k, v, out, lse, *tensors)
-        ctx.runtime, ctx.consts, ctx.given = runtime, consts, [t is not None for t in (w, std, sigma, w1, b1, w2, b2)]
+        rows, keys, warps = bwd  # the backward's blocks: its rows an iteration as BLOCK_M
+        ctx.consts = dict(consts, BLOCK_M=rows, BLOCK_N=keys)
+        ctx.runtime, ctx.warps, ctx.given = runtime, warps, [t is not None for t in (w, std, sigma, w1, b1, w2, b2)]
         return out.to(q.dtype)
 
     @staticmethod
@@ -276,7 +309,7 @@ class _TritonFiSH(torch.autograd.Function):
         dw1p, db1p = torch.zeros(*programs, hp, mp, **f32), torch.zeros(*programs, hp, **f32)
         dw2p, dsigp = torch.zeros(*programs, hp, **f32), torch.zeros(*programs, mp, **f32)
         _bwd_kv_kernel[(b * h, k_blocks)](*qkv, dout, lse, delta, *tensors, dk, dv, dq, dsp, dw1p, db1p, dw2p, db2p,
-                                          dsigp, *ctx.runtime, HP=hp, **consts)
+                                          dsigp, *ctx.runtime, HP=hp, num_warps=ctx.warps, **consts)
         dk = dk.sum(1)
         if consts["NETWORK"]:
             over = (0, 1, 2)

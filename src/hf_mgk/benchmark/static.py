@@ -209,22 +209,27 @@ def launches(path, direction, target=90, dtype="bf16", head_size=64, blocks=None
         if one_pass:
             return [dkv]
         return [launch(amt._bwd_dq_kernel, base, dtype, bm * bn, 0.5, options=opts), dkv]
-    # FiSH: forward per (batch x local head, query block) over key blocks; the backward in one pass, per (batch, key
-    # block) over the heads and the query blocks (of aft.kv_rows(BLOCK_M, NETWORK) rows), adding dq too. Each inner
-    # iteration covers one local head's block of pairs, once per pass: 1.0 per pair and local head, and FiSH's H
-    # local heads stand against softmax's H heads
+    # FiSH: forward per (batch x local head, query block) over key blocks; the backward in one pass, per (batch x
+    # local head, key block) over blocks of query rows, adding dq too. Each inner iteration covers one local head's
+    # block of pairs, once per pass: 1.0 per pair and local head, and FiSH's H local heads stand against softmax's H
+    # heads. The launches of aft.launch_configs, or at `blocks` (the backward over aft.kv_rows of its rows), 4 warps
     kind = "fish" if path == "mish" else path
-    bm, bn = blocks or aft.block_sizes("cuda", GLOBAL_HEADS, head_size, head_size, torch_dtype, shared)
-    base = dict(MP=triton.next_power_of_2(GLOBAL_HEADS), NETWORK=kind.endswith("gfish"),
-                NOISE=not kind.startswith("hard"), PADDED=False, CAUSAL=False, DROPOUT=False,
-                PREC=precision(torch_dtype, "cuda", float32="tf32x3"),
-                BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DV=bd)
-    trips = LOCAL_HEADS if base["NETWORK"] else 1  # the network's loop over its H hidden units, nested
+    network, noise = kind.endswith("gfish"), not kind.startswith("hard")
+    if blocks:
+        fwd, bwd = (*blocks, WARPS), (aft.kv_rows(blocks[0], network), blocks[1], WARPS)
+    else:
+        fwd, bwd = aft.launch_configs("cuda", GLOBAL_HEADS, head_size, head_size, torch_dtype, shared, network, noise,
+                                      dropout=False)
+    base = dict(MP=triton.next_power_of_2(GLOBAL_HEADS), NETWORK=network, NOISE=noise, PADDED=False, CAUSAL=False,
+                DROPOUT=False, PREC=precision(torch_dtype, "cuda", float32="tf32x3"), BLOCK_D=bd, BLOCK_DV=bd)
+    trips = LOCAL_HEADS if network else 1  # the network's loop over its H hidden units, nested
+    rows, keys, warps = fwd if direction == "forward" else bwd
+    consts = dict(base, BLOCK_M=rows, BLOCK_N=keys)
+    opts = dict(num_warps=warps, num_stages=STAGES)
     if direction == "forward":
-        return [launch(aft._fwd_kernel, base, dtype, bm * bn, 1.0, trips=trips)]
-    back = {**base, "HP": triton.next_power_of_2(LOCAL_HEADS)}
-    # dK / dV (and dq): a quarter of the query rows an iteration, a network half (aft.kv_rows)
-    return [launch(aft._bwd_kv_kernel, back, dtype, aft.kv_rows(bm, base["NETWORK"]) * bn, 1.0, trips=trips)]
+        return [launch(aft._fwd_kernel, consts, dtype, rows * keys, 1.0, options=opts, trips=trips)]
+    return [launch(aft._bwd_kv_kernel, dict(consts, HP=triton.next_power_of_2(LOCAL_HEADS)), dtype, rows * keys, 1.0,
+                   options=opts, trips=trips)]
 
 
 # ---- compile and count ----------------------------------------------------------------------------------------------

@@ -7,7 +7,9 @@ a table per family and, last, the line to export so that later runs take the fas
     HF_MGK_TRITON_BLOCKS=mgk:w64=64x64,fish:w128=64x32                     # (its last line)
 
 Each entry names the shape class it was timed at (attention_triton.shape_class: the padded width of a program's
-rows); the kernels take it for calls of that class only, and keep their defaults elsewhere.
+rows); the kernels take it for calls of that class only, and keep their defaults elsewhere. The defaults are timed
+as a candidate too ("default": the launches the kernels pick untuned, which for FiSH differ per pass and in warps,
+attention_fish_triton.launch_configs); where they are the fastest, the line names nothing for that family.
 
 A candidate the GPU cannot run (too many registers or too much shared memory) is reported and skipped."""
 
@@ -37,10 +39,12 @@ def shape_key(family, a):
 
 
 def _with_blocks(key, blocks, fn):
-    """fn() with HF_MGK_TRITON_BLOCKS naming `blocks` for `key` ("family:class"; the rest of the variable kept)."""
+    """fn() with HF_MGK_TRITON_BLOCKS naming `blocks` for `key` ("family:class"; the rest of the variable kept), or
+    naming nothing for it (blocks None: the defaults)."""
     before = os.environ.get("HF_MGK_TRITON_BLOCKS")
     others = [item for item in (before or "").split(",") if item and not item.strip().startswith(key + "=")]
-    os.environ["HF_MGK_TRITON_BLOCKS"] = ",".join(others + [f"{key}={blocks[0]}x{blocks[1]}"])
+    mine = [] if blocks is None else [f"{key}={blocks[0]}x{blocks[1]}"]
+    os.environ["HF_MGK_TRITON_BLOCKS"] = ",".join(others + mine)
     try:
         return fn()
     finally:
@@ -67,9 +71,13 @@ def tune(key, make_step, candidates, repeats):
 
 
 def best(results):
-    """The fastest candidate of `tune`'s results (None if none ran)."""
+    """The fastest candidate of `tune`'s results: blocks, or None where the defaults are (or none ran)."""
     timed = {blocks: t for blocks, t in results.items() if isinstance(t, float)}
     return min(timed, key=timed.get) if timed else None
+
+
+def _label(blocks):
+    return "default" if blocks is None else f"{blocks[0]}x{blocks[1]}"
 
 
 def main(argv=None):
@@ -91,7 +99,7 @@ def main(argv=None):
             p.error("--device cuda: CUDA is not available here")
         torch.set_default_device("cuda")
     models.DTYPE = args.dtype
-    candidates = [tuple(int(x) for x in c.split("x")) for c in args.candidates]
+    candidates = [None] + [tuple(int(x) for x in c.split("x")) for c in args.candidates]  # None: the defaults
     chosen = []
     for family in args.families:
         key = shape_key(family, args)
@@ -101,8 +109,7 @@ def main(argv=None):
         print("| BLOCK_M x BLOCK_N | ms |")
         print("|---|---:|")
         for blocks, t in results.items():
-            print(f"| {blocks[0]}x{blocks[1]} | {t * 1e3:.3f} |" if isinstance(t, float)
-                  else f"| {blocks[0]}x{blocks[1]} | {t} |")
+            print(f"| {_label(blocks)} | {t * 1e3:.3f} |" if isinstance(t, float) else f"| {_label(blocks)} | {t} |")
         fastest = best(results)
         if fastest is not None:
             chosen.append(f"{key}={fastest[0]}x{fastest[1]}")
