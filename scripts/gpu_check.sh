@@ -3,7 +3,7 @@
 # environment (bash scripts/setup.sh, or torch + triton + this package installed):
 #   1. the kernels' correctness tests compiled on the GPU (pytest -m cuda: every output and gradient against the
 #      references, as the CPU suite runs them in Triton's interpreter);
-#   2. one tuning pass of the block sizes (python -m hf_mgk.benchmark.tune: 4 candidates for each family, their
+#   2. one tuning pass of the block sizes (python -m hf_mgk.benchmark.tune: the defaults and 4 candidates a family,
 #      compilation most of its time), whose choice the tables then use;
 #   3. the attention-alone tables in bf16, B = 8, D = 64, N = 1024 and 4096, forward + backward, every path and SDPA
 #      alternating in one process (--interleave): the Triton kernels ("..., triton") beside the eager path

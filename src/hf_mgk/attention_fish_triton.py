@@ -95,11 +95,14 @@ def kv_rows(block_m, network=False):
 # The launches of the half-precision defaults where M x D <= 128 and D <= 64, by (kind of mixing, dropout): the
 # forward's (BLOCK_M, BLOCK_N, warps) and the backward's (query rows an iteration, BLOCK_N keys a program, warps).
 # Chosen on sm_90's model (bf16, D = 64, M = 2; kernel notes, "Session 15"): the cheapest of every (BLOCK_M,
-# BLOCK_N) in 64-128 x 32-128, backward rows 16-64, 4 or 8 warps, without spills inside a loop (with dropout, causal
-# and padding too). Cycles a pair, forward + backward, from the 64 x 64 blocks before: linear 0.127 + 0.270 -> 0.094
-# + 0.250 (its tensor-core floor: 11 units of 64-deep products a pair), with noise 0.271 + 0.445 -> 0.254 + 0.438, a
-# network 0.483 + 2.000 -> 0.424 + 1.923 (no spill left; it had 104 spill instructions an iteration). With dropout
-# linear mixing keeps 64 x 64 forwards (128 rows spilled inside the loop) and 16-row backwards.
+# BLOCK_N) in 64-128 x 32-128, backward rows 16-64, 4 or 8 warps, without spills inside a loop where one such was
+# near (with dropout, causal and padding too). Cycles a pair, forward + backward, from the 64 x 64 blocks before:
+# linear 0.127 + 0.270 -> 0.094 + 0.250 (its tensor-core floor: 11 units of 64-deep products a pair), with noise
+# 0.271 + 0.445 -> 0.254 + 0.438, hard GFiSH 0.483 + 2.000 -> 0.424 + 1.923 (no spill left: it had 104 spill
+# instructions an iteration), GFiSH 0.769 + 2.401 -> 0.731 + 2.325 (its backward still spills: 46 spill
+# instructions an iteration, 115 with dropout, against 276 / 335; no clean launch costs under 4.4); the networks'
+# backwards then took fewer tile sums (attention_fish_triton_network._mixed_grad). With dropout linear mixing keeps
+# 64 x 64 forwards (128 rows spilled inside the loop) and 16-row backwards.
 LAUNCHES = {("linear", False): ((128, 64, 4), (32, 64, 4)),
             ("linear", True): ((64, 64, 4), (16, 64, 4)),
             ("noise", False): ((128, 32, 4), (16, 128, 8)),

@@ -103,22 +103,32 @@ if triton is not None:
     def _mixed_grad(xs, da, j, offs_h, offs_k, M, H, W1, B1, W2, dw1, db1, dw2, PARAMS: tl.constexpr,
                     MP: tl.constexpr):
         """dX_k (a tuple of MP tiles) from dA_j; with PARAMS, this tile's shares of dW1 (HP, MP), db1 (HP,) and row j
-        of dW2 (HP,) added to the accumulators (ReLU's gradient 0 at 0, as torch's)."""
+        of dW2 (HP,) added to the accumulators (ReLU's gradient 0 at 0, as torch's). The three come from M + 1 tile
+        sums a hidden unit i, not M + 2: with g = [pre_i > 0] dA_j, t_0 = sum g and t_k = sum g X_k, db1_i = W2_ji t_0,
+        dW1_ik = W2_ji t_k and dW2_ji = sum dA_j ReLU(pre_i) = b1_i t_0 + sum_k W1_ik t_k (pre_i = b1_i + sum_k W1_ik
+        X_k where g is not 0). Each sum is a reduction across the program's warps, through shared memory: on sm_90's
+        model (bf16, M = 2) hard GFiSH's backward 1.923 -> 1.662 cycles a pair, GFiSH's 2.325 -> 2.054."""
         dxs = ()
         for k in tl.static_range(MP):
             dxs = dxs + (tl.zeros_like(da),)
         for i in range(H):
-            pre = _pre(xs, i, W1, B1, M, MP)
-            dr = tl.where(pre > 0, tl.load(W2 + j * H + i) * da, 0.0)
+            g = tl.where(_pre(xs, i, W1, B1, M, MP) > 0, da, 0.0)
+            w2 = tl.load(W2 + j * H + i)
             new = ()
+            if PARAMS:
+                t0 = tl.sum(g)
+                db1 += tl.where(offs_h == i, w2 * t0, 0.0)
+                through = tl.load(B1 + i) * t0  # dW2_ji: b1_i t_0, then W1_ik t_k
             for k in tl.static_range(MP):
-                new = new + (dxs[k] + tl.load(W1 + i * MP + k) * dr,)
+                w1 = tl.load(W1 + i * MP + k)
+                new = new + (dxs[k] + (w1 * w2) * g,)
                 if PARAMS:
-                    dw1 += tl.where((offs_h[:, None] == i) & (offs_k[None, :] == k), tl.sum(dr * xs[k]), 0.0)
+                    t = tl.sum(g * xs[k])
+                    dw1 += tl.where((offs_h[:, None] == i) & (offs_k[None, :] == k), w2 * t, 0.0)
+                    through += w1 * t
             dxs = new
             if PARAMS:
-                dw2 += tl.where(offs_h == i, tl.sum(da * tl.maximum(pre, 0.0)), 0.0)
-                db1 += tl.where(offs_h == i, tl.sum(dr), 0.0)
+                dw2 += tl.where(offs_h == i, through, 0.0)
         return dxs, dw1, db1, dw2
 
     @triton.jit
