@@ -301,7 +301,7 @@ RUNTIME = {"N": "i32", "S": "i32", "D": "i32", "DV": "i32", "M": "i32", "H": "i3
            "P_DROP": "fp32", "SEED": "i32", "NSEED": "i32"}
 for network in (False, True):
     base = dict(MP=2, NETWORK=network, NOISE=True, PADDED=True, CAUSAL=True, DROPOUT=True, PREC=None, BLOCK_M=32,
-                BLOCK_N=32, BLOCK_D=32, BLOCK_DV=32)
+                BLOCK_N=32, BLOCK_D=32, BLOCK_DV=32, GROUP=2 if network else 1)  # a network: two heads a program
     for fn, extra in [(aft._fwd_kernel, {}), (aft._bwd_kv_kernel, dict(HP=8))]:  # the backward: one pass
         consts = {**base, **extra}
         sig = {a: "constexpr" if a in consts else RUNTIME.get(a, "*bf16" if a in ("Q", "K", "V", "DO", "O")
@@ -309,7 +309,7 @@ for network in (False, True):
         triton.compile(ASTSource(fn, sig, constexprs=consts), target=GPUTarget("cuda", ARCH, 32))
 # M = 1 (a batched dot over one head), and the kernel that writes the noise out
 consts = dict(MP=1, NETWORK=False, NOISE=False, PADDED=False, CAUSAL=False, DROPOUT=False, PREC=None, BLOCK_M=32,
-              BLOCK_N=32, BLOCK_D=32, BLOCK_DV=32)
+              BLOCK_N=32, BLOCK_D=32, BLOCK_DV=32, GROUP=1)
 sig = {a: "constexpr" if a in consts else RUNTIME.get(a, "*bf16" if a in ("Q", "K", "V", "O") else "*fp32")
        for a in aft._fwd_kernel.arg_names}
 triton.compile(ASTSource(aft._fwd_kernel, sig, constexprs=consts), target=GPUTarget("cuda", ARCH, 32))

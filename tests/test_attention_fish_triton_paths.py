@@ -59,6 +59,25 @@ def test_the_backward_takes_its_own_blocks_and_warps(monkeypatch, device, varian
     assert seen == [("_fwd_kernel", 32, 16, 8), ("_bwd_kv_kernel", 16, 32, 4)]
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("variant", ["gfish", "hard_gfish"])
+@pytest.mark.parametrize("heads, group", [(4, 1), (4, 2), (4, 4), (3, 2), (6, 4)])
+def test_network_programs_cover_groups_of_local_heads(monkeypatch, device, variant, heads, group):
+    """A network's programs cover a group of local heads (aft.heads_a_program: the largest divisor of H up to
+    NETWORK_GROUP; the hidden layer formed once a tile for them): one head a program, two groups of two, all four in
+    one, H = 3 falling back to one and H = 6 to three (in the interpreter; float32 on a GPU takes one); against the
+    reference, outputs and every gradient (each head's row of W2 and b2 from its own program's share), causal,
+    padded, several key blocks."""
+    import test_attention_fish_triton as base
+    monkeypatch.setattr(base, "H", heads)
+    monkeypatch.setattr(aft, "NETWORK_GROUP", group)
+    want = {(4, 1): 1, (4, 2): 2, (4, 4): 4, (3, 2): 1, (6, 4): 3}[heads, group]
+    assert aft.heads_a_program(heads, True, "cpu", torch.float32) == aft.heads_a_program(heads, True) == want
+    assert aft.heads_a_program(heads, False) == 1
+    assert aft.heads_a_program(heads, True, "cuda", torch.float32) == 1  # float32 on a GPU: one (shared memory)
+    _check(variant, 2, 20, 36, 16, 16, True, True, device)
+
+
 class _Recorder:
     """A kernel's launches as (name, BLOCK_M, BLOCK_N, num_warps), passed on to the kernel."""
 
@@ -79,7 +98,7 @@ def test_launch_configs_by_mixing_and_where_they_hold(monkeypatch):
     warps, the backward over kv_rows of its rows."""
     monkeypatch.delenv("HF_MGK_TRITON_BLOCKS", raising=False)
     bf16, kb = torch.bfloat16, 1024
-    for network, noise, kind in ((False, False, "linear"), (False, True, "noise"), (True, True, "network"),
+    for network, noise, kind in ((False, False, "linear"), (False, True, "noise"), (True, True, "network noise"),
                                  (True, False, "network")):
         for m, d in ((1, 64), (2, 64), (2, 32), (4, 32)):
             for dropout in (False, True):

@@ -72,14 +72,18 @@ def test_per_pair_weights_and_the_launches_of_a_pass(monkeypatch):
         for ln, (rows, keys, warps) in zip((*static.launches(path, "forward"), *static.launches(path, "backward")),
                                            configs):
             assert (ln.constants["BLOCK_M"], ln.constants["BLOCK_N"], ln.options["num_warps"]) == (rows, keys, warps)
-            assert ln.pairs == rows * keys and ln.per_pair == 1.0
+            # a network's iteration covers its program's group of local heads, linear mixing's one head
+            group = aft.heads_a_program(static.LOCAL_HEADS, network, "cuda", torch.bfloat16)
+            assert ln.constants["GROUP"] == group == (2 if network else 1)
+            assert ln.pairs == rows * keys * group and ln.per_pair == 1.0
         assert configs[1][0] < configs[0][0]  # the backward's rows an iteration: fewer
     # at given blocks: the backward over a quarter of the rows, a network half, 4 warps
     for path in ("hard_fish", "gfish"):
         back = static.launches(path, "backward", blocks=(64, 32))
         assert [(ln.name, ln.per_pair) for ln in back] == [("_bwd_kv_kernel", 1.0)]
-        rows = 32 if path == "gfish" else 16
-        assert (back[0].constants["BLOCK_M"], back[0].pairs, back[0].options["num_warps"]) == (rows, rows * 32, 4)
+        rows, group = (32, 2) if path == "gfish" else (16, 1)
+        assert (back[0].constants["BLOCK_M"], back[0].pairs, back[0].options["num_warps"]) == (rows, rows * 32 * group,
+                                                                                                4)
     assert [len(static.launches("softmax", d)) for d in ("forward", "backward")] == [1, 2]
     # MiSH runs FiSH's kernels with the same constants
     for direction in ("forward", "backward"):

@@ -51,14 +51,15 @@ RUNTIME = {"N": "i32", "S": "i32", "D": "i32", "DV": "i32", "M": "i32", "H": "i3
 BLOCKS = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_D=32, BLOCK_DV=32)
 MGK = dict(DROPOUT=True, M=2, HARD=False, CAUSAL=True, SHARED=False, EVEN_N=False, EVEN_S=False, EVEN_D=False,
            PREC=None, **BLOCKS)
-FISH = dict(MP=2, NETWORK=False, NOISE=True, PADDED=True, CAUSAL=True, DROPOUT=True, PREC=None, **BLOCKS)
+FISH = dict(MP=2, NETWORK=False, NOISE=True, PADDED=True, CAUSAL=True, DROPOUT=True, PREC=None, GROUP=1, **BLOCKS)
 KERNELS = {
     "mgk._fwd_kernel": (amt._fwd_kernel, MGK),
     "mgk._bwd_dq_kernel": (amt._bwd_dq_kernel, MGK),
     "mgk._bwd_dkv_kernel": (amt._bwd_dkv_kernel, MGK),
     "fish._fwd_kernel": (aft._fwd_kernel, FISH),
     "fish._bwd_kv_kernel": (aft._bwd_kv_kernel, dict(FISH, HP=8)),
-    "fish._bwd_kv_kernel network": (aft._bwd_kv_kernel, dict(FISH, NETWORK=True, HP=8)),
+    "fish._fwd_kernel network": (aft._fwd_kernel, dict(FISH, NETWORK=True, GROUP=2)),
+    "fish._bwd_kv_kernel network": (aft._bwd_kv_kernel, dict(FISH, NETWORK=True, HP=8, GROUP=2)),
     "fish._noise_kernel network": (aft._noise_kernel, dict(NETWORK=True, MP=2, BLOCK_M=32, BLOCK_N=32)),
     "fish._noise_kernel linear": (aft._noise_kernel, dict(NETWORK=False, MP=2, BLOCK_M=32, BLOCK_N=32)),
     "narrow": (narrow, dict(BLOCK=32)),
@@ -81,6 +82,7 @@ _LARGE = {
     "mgk._bwd_dkv_kernel": "Q K V X Y DO LSE DELTA DK DV_OUT DY",
     "fish._fwd_kernel": "Q K V O LSE",
     "fish._bwd_kv_kernel": "Q K V DO LSE DELTA DK DVO DQ",
+    "fish._fwd_kernel network": "Q K V O LSE",
     "fish._bwd_kv_kernel network": "Q K V DO LSE DELTA DK DVO DQ",
     "fish._noise_kernel network": "E",
     "fish._noise_kernel linear": "E",

@@ -22,14 +22,16 @@ size N x S is written:
   G_j = dA_j k' added by float32 atomics; torch forms dq = scale sum_j w_kj G_jk and dw_kj = scale sum q_k . G_jk
   (O(H N M D)).
 * a network ((hard) GFiSH, attention_fish_triton_network): the M global heads of a tile unrolled, each a 2-D
-  product, the network per tile in registers; the backward in one pass, per (batch x local head, block of keys):
-  head j's share of dk, dq added by atomics, each program's shares of the network's gradients.
-* Forward: one program per (batch x local head, block of query rows), one pass over the key blocks with an online
-  row maximum m, exp2 of (A - m) log2(e). Saved per row: m and log2 of the softmax's sum (+inf and 0 for a row
-  that sees no key, whose output is 0); backward forms P = exp2((A - m) log2(e) - log2 l): A - m is exact near the
-  maximum, where P matters, whereas one log-sum-exp (A log2(e) - lse) rounds at the size of |A| (measured: 20x the
-  reference's float32 error in a cancelling gradient, sigma's, with scores of ~20). The output is computed in
-  float32 and rounded afterwards, so that backward's delta_j = dO_j . out_j (torch) is the unrounded output's.
+  product, the network per tile in registers, a program per group of local heads (`heads_a_program`: the global
+  scores and the hidden layer once a tile for the group); the backward in one pass, per (batch x group, block of
+  keys): the group's share of dk, dq added by atomics, each program's shares of the network's gradients.
+* Forward: one program per (batch x local head, or a network's group, block of query rows), one pass over the key
+  blocks with an online row maximum m, exp2 of (A - m) log2(e). Saved per row: m and log2 of the softmax's sum (+inf
+  and 0 for a row that sees no key, whose output is 0); backward forms P = exp2((A - m) log2(e) - log2 l): A - m is
+  exact near the maximum, where P matters, whereas one log-sum-exp (A log2(e) - lse) rounds at the size of |A|
+  (measured: 20x the reference's float32 error in a cancelling gradient, sigma's, with scores of ~20). The output is
+  computed in float32 and rounded afterwards, so that backward's delta_j = dO_j . out_j (torch) is the unrounded
+  output's.
 * Noise and dropout are counter-based draws (attention_triton): the noise attention_triton.normal_tile
   (Philox4x32-10 under key (seed, stream), all four words of a call used: two Box-Muller pairs), stream b H + j for
   linear mixing (one normal per pair and local head), b for a network (rows k N + n: one per pair and global head);
@@ -95,33 +97,49 @@ def kv_rows(block_m, network=False):
 # The launches of the half-precision defaults where M x D <= 128 and D <= 64, by (kind of mixing, dropout): the
 # forward's (BLOCK_M, BLOCK_N, warps) and the backward's (query rows an iteration, BLOCK_N keys a program, warps).
 # Chosen on sm_90's model (bf16, D = 64, M = 2; kernel notes, "Session 15"): the cheapest of every (BLOCK_M,
-# BLOCK_N) in 64-128 x 32-128, backward rows 16-64, 4 or 8 warps, without spills inside a loop where one such was
-# near (with dropout, causal and padding too). Cycles a pair, forward + backward, from the 64 x 64 blocks before:
-# linear 0.127 + 0.270 -> 0.094 + 0.250 (its tensor-core floor: 11 units of 64-deep products a pair), with noise
-# 0.271 + 0.445 -> 0.254 + 0.438, hard GFiSH 0.483 + 2.000 -> 0.424 + 1.923 (no spill left: it had 104 spill
-# instructions an iteration), GFiSH 0.769 + 2.401 -> 0.731 + 2.325 (its backward still spills: 46 spill
-# instructions an iteration, 115 with dropout, against 276 / 335; no clean launch costs under 4.4); the networks'
-# backwards then took fewer tile sums (attention_fish_triton_network._mixed_grad). With dropout linear mixing keeps
-# 64 x 64 forwards (128 rows spilled inside the loop) and 16-row backwards.
+# BLOCK_N) in 64-128 x 32-128, backward rows 16-64, 4 or 8 warps, whose loops spill at most ~1% of their
+# instructions (with dropout, causal and padding too). Cycles a pair, forward + backward, from the 64 x 64 blocks
+# before: linear 0.127 + 0.270 -> 0.094 + 0.250 (its tensor-core floor: 11 units of 64-deep products a pair), with
+# noise 0.271 + 0.445 -> 0.254 + 0.438; with dropout linear mixing keeps 64 x 64 forwards (128 rows spilled inside
+# the loop) and 16-row backwards. A network (programs of NETWORK_GROUP = 2 local heads): hard GFiSH 0.483 + 2.000 ->
+# 0.285 + 1.259, GFiSH 0.769 + 2.401 -> 0.482 + 1.777 (its 64-row backward: 1.466 but 190 spill instructions an
+# iteration, 3% of its loop); hard GFiSH takes GFiSH's launches with dropout (its own spilled 3-5% of the loops).
 LAUNCHES = {("linear", False): ((128, 64, 4), (32, 64, 4)),
             ("linear", True): ((64, 64, 4), (16, 64, 4)),
             ("noise", False): ((128, 32, 4), (16, 128, 8)),
             ("noise", True): ((64, 64, 4), (16, 128, 8)),
             ("network", False): ((128, 64, 8), (64, 64, 8)),
-            ("network", True): ((128, 64, 8), (64, 64, 8))}
+            ("network", True): ((128, 32, 8), (32, 64, 8)),
+            ("network noise", False): ((128, 32, 8), (32, 64, 8)),
+            ("network noise", True): ((128, 32, 8), (32, 64, 8))}
+
+
+# A network's program covers this many local heads (at most; `heads_a_program`): the global scores and the hidden layer
+# are formed once a tile for them (kernel notes, "Session 15").
+NETWORK_GROUP = 2
+
+
+def heads_a_program(num_heads, network, device_type="cuda", dtype=torch.bfloat16):
+    """The local heads one program of a network's kernels covers: the largest divisor of H up to NETWORK_GROUP (so
+    every program's heads exist); 1 for linear mixing, whose programs are per local head, and for float32 on a GPU
+    (its tiles take twice the bytes: two heads' backward at float32's blocks needs 104 KB, over sm_86's 99 KB)."""
+    if not network or (device_type != "cpu" and dtype == torch.float32):
+        return 1
+    return max(g for g in range(1, min(NETWORK_GROUP, num_heads) + 1) if num_heads % g == 0)
 
 
 def launch_configs(device_type, num_global, head_size, value_size, dtype=torch.bfloat16, shared=None, network=False,
                    noise=False, dropout=False):
     """((BLOCK_M, BLOCK_N, num_warps) of the forward, (rows, BLOCK_N, num_warps) of the backward) of a call: for
-    half precision on a GPU with M x D <= 128 and D <= 64 the studied defaults (LAUNCHES, by mixing: a network, linear
-    with noise, linear without; and dropout); else, or where HF_MGK_TRITON_BLOCKS tunes the blocks, `block_sizes` for
-    both passes, 4 warps, the backward over kv_rows of BLOCK_M."""
+    half precision on a GPU with M x D <= 128 and D <= 64 the studied defaults (LAUNCHES, by mixing: a network with
+    or without noise, linear with noise, linear without; and dropout); else, or where HF_MGK_TRITON_BLOCKS tunes the
+    blocks, `block_sizes` for both passes, 4 warps, the backward over kv_rows of BLOCK_M."""
     width = triton.next_power_of_2(num_global) * max(16, triton.next_power_of_2(max(head_size, value_size)))
     studied = (device_type != "cpu" and dtype != torch.float32 and width <= 128 and max(head_size, value_size) <= 64
                and tuned_blocks("fish", None, shape_class(max(head_size, value_size), num_global)) is None)
     if studied:
-        return LAUNCHES["network" if network else "noise" if noise else "linear", bool(dropout)]
+        kind = ("network noise" if noise else "network") if network else "noise" if noise else "linear"
+        return LAUNCHES[kind, bool(dropout)]
     bm, bn = block_sizes(device_type, num_global, head_size, value_size, dtype, shared)
     return (bm, bn, 4), (kv_rows(bm, network), bn, 4)
 
@@ -146,10 +164,10 @@ if triton is not None:
     def _fwd_kernel(Q, K, V, W, STD, SIG, W1, B1, W2, B2, KB, O, LSE, N, S, D, DV, M, H, scale, P_DROP, SEED,
                     NSEED, MP: tl.constexpr, NETWORK: tl.constexpr, NOISE: tl.constexpr, PADDED: tl.constexpr,
                     CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, GROUP: tl.constexpr):
         if NETWORK:
             _net_fwd(Q, K, V, SIG, W1, B1, W2, B2, KB, O, LSE, N, S, D, BLOCK_DV, M, H, scale, P_DROP, SEED, NSEED, MP,
-                     NOISE, PADDED, CAUSAL, DROPOUT, PREC, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
+                     NOISE, PADDED, CAUSAL, DROPOUT, PREC, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, GROUP)
         else:
             _lin_fwd(Q, K, V, STD, KB, O, LSE, N, S, H, P_DROP, SEED, NSEED, NOISE, PADDED, CAUSAL, DROPOUT, PREC,
                      BLOCK_M, BLOCK_N, BLOCK_DV, MP * BLOCK_D)
@@ -159,7 +177,7 @@ if triton is not None:
                        DB2P, DSIGP, N, S, D, DV, M, H, scale, P_DROP, SEED, NSEED, MP: tl.constexpr, HP: tl.constexpr,
                        NETWORK: tl.constexpr, NOISE: tl.constexpr, PADDED: tl.constexpr, CAUSAL: tl.constexpr,
                        DROPOUT: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+                       BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, GROUP: tl.constexpr):
         # the backward in one pass: dk, dv, and dq by atomics, per (batch x local head, block of BLOCK_N keys) over
         # blocks of BLOCK_M query rows (launch_configs' backward rows, fewer than the forward's): dK (BLOCK_N x W)
         # and dV in float32 take twice the baseline's accumulators, and at full blocks the tiles beside them (the
@@ -167,7 +185,7 @@ if triton is not None:
         if NETWORK:
             _net_bwd_kv(Q, K, V, DO, LSE, DELTA, SIG, W1, B1, W2, B2, KB, DK, DVO, DQ, DW1P, DB1P, DW2P, DB2P, DSIGP, N,
                         S, D, BLOCK_DV, M, H, scale, P_DROP, SEED, NSEED, MP, HP, NOISE, PADDED, CAUSAL, DROPOUT, PREC,
-                        BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
+                        BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, GROUP)
         else:
             _lin_bwd_kv(Q, K, V, DO, LSE, DELTA, STD, KB, DK, DVO, DQ, DSP, N, S, H, P_DROP, SEED, NSEED, NOISE, PADDED,
                         CAUSAL, DROPOUT, PREC, BLOCK_M, BLOCK_N, BLOCK_DV, MP * BLOCK_D)
@@ -268,7 +286,8 @@ class _TritonFiSH(torch.autograd.Function):
         width_v = consts_dv(dv)
         out = torch.empty(b, h, n, width_v, dtype=torch.float32, device=q.device)
         lse = torch.empty(b, h, n, 2, dtype=torch.float32, device=q.device)
-        consts = dict(MP=triton.next_power_of_2(m), NETWORK=network,
+        group = heads_a_program(h, network, q.device.type, q.dtype)
+        consts = dict(MP=triton.next_power_of_2(m), NETWORK=network, GROUP=group,
                       NOISE=(sigma if network else std) is not None, PADDED=kb is not None, CAUSAL=causal,
                       DROPOUT=dropout_p > 0, PREC=precision(q.dtype, q.device.type, float32="tf32x3"),
                       BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
@@ -277,7 +296,8 @@ class _TritonFiSH(torch.autograd.Function):
         width = consts["MP"] * consts["BLOCK_D"]
         qkv = (_concat_keys(q, width) if network else _fold(q, w, scale, width), _concat_keys(k, width),
                _pad(v, width_v))
-        _fwd_kernel[(b * h, triton.cdiv(n, block_m))](*qkv, *tensors, out, lse, *runtime, num_warps=warps, **consts)
+        _fwd_kernel[(b * h // group, triton.cdiv(n, block_m))](*qkv, *tensors, out, lse, *runtime, num_warps=warps,
+                                                               **consts)
         out = out[..., :dv]
         ctx.save_for_backward(q, k, v, out, lse, *tensors)
         rows, keys, warps = bwd  # the backward's blocks: its rows an iteration as BLOCK_M
@@ -298,21 +318,23 @@ class _TritonFiSH(torch.autograd.Function):
         f32 = dict(dtype=torch.float32, device=q.device)
         k_blocks = triton.cdiv(s, consts["BLOCK_N"])
         width = mp * consts["BLOCK_D"]
-        # one pass, a program per (batch x local head, block of keys): each head's share of dk (summed here), dq
-        # added by the programs (zeroed), each program's shares of the mixing's gradients
-        dout, dk = _pad(dout, consts_dv(dv_size)), torch.empty(b, h, s, width, **f32)  # V, dO rows of BLOCK_DV
-        programs = (b, h, k_blocks)
+        # one pass, a program per (batch x GROUP local heads, block of keys): each program's share of dk (summed
+        # here), dq added by the programs (zeroed), each program's shares of the mixing's gradients (of dW2, db2 each
+        # head's)
+        groups = h // consts["GROUP"]
+        dout, dk = _pad(dout, consts_dv(dv_size)), torch.empty(b, groups, s, width, **f32)  # V, dO rows of BLOCK_DV
+        programs, heads = (b, groups, k_blocks), (b, h, k_blocks)
         if consts["NETWORK"]:  # q and k with their heads side by side (padded), dq and dk likewise
             qw, dq = _concat_keys(q, width), torch.zeros(b, n, width, **f32)
         else:  # G_j = dL/dq'_j per local head, dk' (module docstring)
             qw, dq = _fold(q, tensors[0], scale, width), torch.zeros(b, h, n, width, **f32)
         qkv = (qw, _concat_keys(k, width), _pad(v, consts_dv(dv_size)))
         dv = torch.empty(b, h, s, qkv[2].shape[-1], **f32)
-        dsp, db2p = torch.zeros(programs, **f32), torch.zeros(programs, **f32)
+        dsp, db2p = torch.zeros(programs, **f32), torch.zeros(heads, **f32)
         dw1p, db1p = torch.zeros(*programs, hp, mp, **f32), torch.zeros(*programs, hp, **f32)
-        dw2p, dsigp = torch.zeros(*programs, hp, **f32), torch.zeros(*programs, mp, **f32)
-        _bwd_kv_kernel[(b * h, k_blocks)](*qkv, dout, lse, delta, *tensors, dk, dv, dq, dsp, dw1p, db1p, dw2p, db2p,
-                                          dsigp, *ctx.runtime, HP=hp, num_warps=ctx.warps, **consts)
+        dw2p, dsigp = torch.zeros(*heads, hp, **f32), torch.zeros(*programs, mp, **f32)
+        _bwd_kv_kernel[(b * groups, k_blocks)](*qkv, dout, lse, delta, *tensors, dk, dv, dq, dsp, dw1p, db1p, dw2p,
+                                               db2p, dsigp, *ctx.runtime, HP=hp, num_warps=ctx.warps, **consts)
         dk = dk.sum(1)
         if consts["NETWORK"]:
             over = (0, 1, 2)

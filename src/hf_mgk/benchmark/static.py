@@ -220,16 +220,18 @@ def launches(path, direction, target=90, dtype="bf16", head_size=64, blocks=None
     else:
         fwd, bwd = aft.launch_configs("cuda", GLOBAL_HEADS, head_size, head_size, torch_dtype, shared, network, noise,
                                       dropout=False)
+    group = aft.heads_a_program(LOCAL_HEADS, network, "cuda", torch_dtype)  # a network's program: its group's heads
     base = dict(MP=triton.next_power_of_2(GLOBAL_HEADS), NETWORK=network, NOISE=noise, PADDED=False, CAUSAL=False,
-                DROPOUT=False, PREC=precision(torch_dtype, "cuda", float32="tf32x3"), BLOCK_D=bd, BLOCK_DV=bd)
+                DROPOUT=False, PREC=precision(torch_dtype, "cuda", float32="tf32x3"), BLOCK_D=bd, BLOCK_DV=bd,
+                GROUP=group)
     trips = LOCAL_HEADS if network else 1  # the network's loop over its H hidden units, nested
     rows, keys, warps = fwd if direction == "forward" else bwd
     consts = dict(base, BLOCK_M=rows, BLOCK_N=keys)
     opts = dict(num_warps=warps, num_stages=STAGES)
     if direction == "forward":
-        return [launch(aft._fwd_kernel, consts, dtype, rows * keys, 1.0, options=opts, trips=trips)]
-    return [launch(aft._bwd_kv_kernel, dict(consts, HP=triton.next_power_of_2(LOCAL_HEADS)), dtype, rows * keys, 1.0,
-                   options=opts, trips=trips)]
+        return [launch(aft._fwd_kernel, consts, dtype, rows * keys * group, 1.0, options=opts, trips=trips)]
+    return [launch(aft._bwd_kv_kernel, dict(consts, HP=triton.next_power_of_2(LOCAL_HEADS)), dtype,
+                   rows * keys * group, 1.0, options=opts, trips=trips)]
 
 
 # ---- compile and count ----------------------------------------------------------------------------------------------
