@@ -86,8 +86,7 @@ class _Recorder:
 
     def __getitem__(self, grid):
         def run(*args, **kwargs):
-            self.seen.append((self.kernel.fn.__name__ if hasattr(self.kernel, "fn") else self.kernel.__name__,
-                              kwargs["BLOCK_M"], kwargs["BLOCK_N"], kwargs["num_warps"]))
+            self.seen.append((self.kernel.__name__, kwargs["BLOCK_M"], kwargs["BLOCK_N"], kwargs["num_warps"]))
             return self.kernel[grid](*args, **kwargs)
         return run
 

@@ -140,8 +140,13 @@ def launch_configs(device_type, num_global, head_size, value_size, dtype=torch.b
     if studied:
         kind = ("network noise" if noise else "network") if network else "noise" if noise else "linear"
         return LAUNCHES[kind, bool(dropout)]
-    bm, bn = block_sizes(device_type, num_global, head_size, value_size, dtype, shared)
-    return (bm, bn, 4), (kv_rows(bm, network), bn, 4)
+    return block_launches(*block_sizes(device_type, num_global, head_size, value_size, dtype, shared), network)
+
+
+def block_launches(block_m, block_n, network=False):
+    """The launches of given (BLOCK_M, BLOCK_N) (tuned, or not studied): both passes at them with Triton's 4 warps,
+    the backward's programs over kv_rows of BLOCK_M."""
+    return (block_m, block_n, 4), (kv_rows(block_m, network), block_n, 4)
 
 
 if triton is not None:

@@ -164,14 +164,29 @@ if triton is not None:
         the forward applied them to V (dropped), dA and the noise eps."""
         a, eps = _scores(q, k, kb, b, j, H, offs_m, start_n, N, S, std, NSEED, NOISE, PADDED, CAUSAL, EDGE, PREC,
                          BLOCK_N, True)
-        p = tl.exp2((a - row_max[None, :]) * _LOG2E - log2_l[None, :])
-        dp = _dot(v, tl.trans(do), PREC)
+        p_used, da = weights_grad(a, do, v, row_max, log2_l, delta, b * H + j, offs_m, start_n, S, P_DROP, SEED,
+                                  DROPOUT, PREC, BLOCK_N, True)
+        return p_used, da, eps
+
+    @triton.jit
+    def weights_grad(a, do, v, row_max, log2_l, delta, bh, offs_m, start_n, S, P_DROP, SEED, DROPOUT: tl.constexpr,
+                     PREC: tl.constexpr, BLOCK_N: tl.constexpr, T: tl.constexpr):
+        """A head's weights P of a tile from its scores A and saved rows, as the forward applied them to V (dropped),
+        and dA = P (dP - delta); query-major (rows x keys), or keys x rows with T (the linear dK / dV layout). Shared
+        by both kinds of mixing."""
+        p = tl.exp2((a - _per_row(row_max, T)) * _LOG2E - _per_row(log2_l, T))
+        if T:
+            dp = _dot(v, tl.trans(do), PREC)
+        else:
+            dp = _dot(do, tl.trans(v), PREC)
         p_used = p
         if DROPOUT:  # d P_ij = mask_ij dO_i . v_j / (1 - p)
-            kept = tl.trans(_keep(SEED, b * H + j, offs_m, start_n, S, P_DROP, BLOCK_N))
+            kept = _keep(SEED, bh, offs_m, start_n, S, P_DROP, BLOCK_N)
+            if T:
+                kept = tl.trans(kept)
             p_used = tl.where(kept, p, 0.0)  # dV's 1 / (1 - p) at the end
             dp = tl.where(kept, dp * (1.0 / (1.0 - P_DROP)), 0.0)
-        return p_used, p * (dp - delta[None, :]), eps
+        return p_used, p * (dp - _per_row(delta, T))
 
     @triton.jit
     def _value_tile(V, offs_n, S, EDGE: tl.constexpr, BLOCK_DV: tl.constexpr):

@@ -17,10 +17,11 @@ linear kernels'.
 Torch-free Triton code (this file travels next to remote-code model files with attention_fish_triton).
 """
 
-from .attention_triton import LOG2E, tl, triton
+from .attention_triton import LOG2E, tl, triton  # noqa: F401 (LOG2E: what modeling_fish_gpt2 imports)
 
 if triton is not None:
     from .attention_fish_triton_linear import _rows, _value_tile
+    from .attention_fish_triton_linear import weights_grad as _weights_grad
     from .attention_triton import dot as _dot
     from .attention_triton import free_keys_end as _free_keys_end
     from .attention_triton import free_queries_start as _free_queries_start
@@ -30,8 +31,6 @@ if triton is not None:
     from .attention_triton import online_softmax as _online_softmax
     from .attention_triton import query_start as _query_start
     from .attention_triton import softmax_state as _softmax_state
-
-    _LOG2E = tl.constexpr(LOG2E)
 
     @triton.jit
     def global_noise(NSEED, b, offs_k, offs_m, start_n, N, S, BLOCK_N: tl.constexpr):
@@ -246,14 +245,8 @@ if triton is not None:
         for t in tl.static_range(GROUP):
             bh = b * H + g * GROUP + t
             do, row_max, log2_l, delta = _rows(DOS[t], LSES[t], DELTAS[t], offs_m, N, EDGE, BLOCK_DV)
-            p = tl.exp2((aa[t] - row_max[:, None]) * _LOG2E - log2_l[:, None])
-            dp = _dot(do, tl.trans(vs[t]), PREC)
-            p_used = p
-            if DROPOUT:  # d P_ij = mask_ij dO_i . v_j / (1 - p)
-                kept = _keep(SEED, bh, offs_m, start_n, S, P_DROP, BLOCK_N)
-                p_used = tl.where(kept, p, 0.0)  # dV's 1 / (1 - p) at the end
-                dp = tl.where(kept, dp * (1.0 / (1.0 - P_DROP)), 0.0)
-            da = p * (dp - delta[:, None])
+            p_used, da = _weights_grad(aa[t], do, vs[t], row_max, log2_l, delta, bh, offs_m, start_n, S, P_DROP,
+                                       SEED, DROPOUT, PREC, BLOCK_N, False)
             das = das + (da,)
             new_dv = new_dv + (dvs[t] + _dot(tl.trans(p_used).to(do.dtype), do, PREC),)
             new_db2 = new_db2 + (db2s[t] + tl.sum(da, 1),)

@@ -216,7 +216,7 @@ def launches(path, direction, target=90, dtype="bf16", head_size=64, blocks=None
     kind = "fish" if path == "mish" else path
     network, noise = kind.endswith("gfish"), not kind.startswith("hard")
     if blocks:
-        fwd, bwd = (*blocks, WARPS), (aft.kv_rows(blocks[0], network), blocks[1], WARPS)
+        fwd, bwd = aft.block_launches(*blocks, network)
     else:
         fwd, bwd = aft.launch_configs("cuda", GLOBAL_HEADS, head_size, head_size, torch_dtype, shared, network, noise,
                                       dropout=False)
