@@ -254,7 +254,7 @@ def test_smgk_and_fish_are_timed_with_their_own_kinds(measured, monkeypatch):
 
     fish = FakeClock({"triton": 1.0, "recomputed": 2.0})
     monkeypatch.setattr(af, "fish_triton", fish.wrap(af, "fish_triton", "triton"))
-    monkeypatch.setattr(af, "_recomputed_attention", fish.wrap(af, "_recomputed_attention", "recomputed"))
+    monkeypatch.setattr(af, "fish_recomputed", fish.wrap(af, "fish_recomputed", "recomputed"))
     monkeypatch.setattr(autotune, "clock", fish)
     mixing = make_gfish_mixing(2, 4)
     g = torch.Generator().manual_seed(3)

@@ -99,3 +99,62 @@ def test_every_name_the_docs_give_resolves():
             "            except ImportError:\n                bad.append(name)\n                break\n"
             "print(bad)\n")
     assert _python(code) == "[]"
+
+
+def _imports_of(path, module):
+    """The hf_mgk modules that the source of `module` (at `path`) imports anywhere in it, functions included:
+    `from ..training import x` names hf_mgk.training, `from .card import y` hf_mgk.hub.card, `from . import card`
+    hf_mgk.hub.card. The parent packages Python imports first are not edges of the module's own."""
+    import ast
+
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.Import):
+            found |= {(a.name, a.name) for a in node.names if a.name.startswith("hf_mgk")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            if target.startswith("hf_mgk"):
+                # `from . import card`: the module hf_mgk.hub.card where there is one, else a name of the package
+                found |= {(f"{target}.{a.name}", target) for a in node.names}
+    return found
+
+
+def test_the_import_graph_has_no_circle():
+    """No hf_mgk module imports, directly or through others, a module that imports it back (function-level imports
+    count: a circle held apart by a late import still ties two packages together). `hub` reads a training run's
+    record; `training` knows nothing of `hub`."""
+    import pathlib
+
+    import hf_mgk
+
+    root = pathlib.Path(hf_mgk.__file__).parent
+    graph = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        graph[module] = _imports_of(str(path), module)
+    graph = {m: {name if name in graph else package for name, package in targets} for m, targets in graph.items()}
+    graph = {m: {t for t in targets if t in graph and t != m} for m, targets in graph.items()}
+    assert graph["hf_mgk.hub.upload"] >= {"hf_mgk.hub.export"}  # the walk sees what it should
+
+    state, circles = {}, []
+
+    def visit(module, stack):
+        state[module] = "open"
+        for target in sorted(graph[module]):
+            if state.get(target) == "open":
+                circles.append(stack[stack.index(target):] + [module, target] if target in stack
+                               else [module, target])
+            elif target not in state:
+                visit(target, stack + [module])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])
+    assert not circles, circles

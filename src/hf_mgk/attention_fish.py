@@ -16,7 +16,7 @@ Admixture of Shared Heads", whose section and equation numbers are used here:
 
 Four exact backends compute it (`choose_backend` picks one for backend="auto"):
   fused       linear mixing without noise as one SDPA call over H heads of query size M*D (_fused_attention);
-  recomputed  blocks of query rows with a hand-written backward (_recomputed_attention, attention_fish_recomputed.py),
+  recomputed  blocks of query rows with a hand-written backward (fish_recomputed, attention_fish_recomputed.py),
               which keeps the blocks' scores and weights for backward up to a byte budget and recomputes them
               above (O(N) memory without noise; the noisy types keep their drawn noise, N x S numbers per call,
               for backward);
@@ -54,7 +54,7 @@ BACKENDS = ("fused", "recomputed", "blocked", "triton")
 # scores (hf-mgk's docs/benchmarks/kernel-notes.md#fish-block-rows).
 BLOCK_ROWS = 128
 # The recomputed path keeps its blocks' scores and weights for backward while they take at most this many bytes
-# per call (see _recomputed_attention).
+# per call (see fish_recomputed).
 KEEP_BYTES = 2**28
 
 def choose_backend(*, mixing, noise, dropout, return_weights, device_type, dtype, autocast, requires_grad, tracing,
@@ -190,7 +190,7 @@ def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, att
         return _fused_attention(query, key, value, mixing, scale, attention_mask, is_causal)
     eps = _draw_noise(query, mixing, noise_std, H, S, is_causal, generator, block_rows)
     if backend == "recomputed":
-        return _recomputed_attention(query, key, value, mixing, scale, noise_std, eps, attention_mask, is_causal,
+        return fish_recomputed(query, key, value, mixing, scale, noise_std, eps, attention_mask, is_causal,
                                      block_rows, keep_bytes)
     out, weights = _blocked_attention(query, key, value, mixing, scale, noise_std, eps, attention_mask,
                                       is_causal, dropout_p, return_weights, block_rows)
@@ -271,7 +271,7 @@ def _blocked_attention(query, key, value, mixing, scale, noise_std, eps, attenti
     return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)), None
 
 
-def _recomputed_attention(query, key, value, mixing, scale, noise_std, eps, attention_mask, is_causal, block_rows,
+def fish_recomputed(query, key, value, mixing, scale, noise_std, eps, attention_mask, is_causal, block_rows,
                           keep_bytes):
     """Training with autograd on the CPU (FiSH, hard FiSH, MiSH with noise, (hard) GFiSH with the network of
     make_gfish_mixing): blocks of rows with a hand-written backward.

@@ -124,7 +124,7 @@ def _mixing_backward(params, saved, da, std, eps, grads, scratch):
 
 
 class RecomputedFiSH(torch.autograd.Function):
-    """out = softmax(mix(q k^T, noise), masked) v per block of rows; called by attention_fish._recomputed_attention,
+    """out = softmax(mix(q k^T, noise), masked) v per block of rows; called by attention_fish.fish_recomputed,
     which computes the operands (module docstring)."""
 
     @staticmethod

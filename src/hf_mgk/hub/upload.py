@@ -2,7 +2,8 @@
 
 import os
 
-from .export import DEFAULT_REVISION, EXPORT_MARKER, _relative_files
+from .card import model_card
+from .export import DEFAULT_REVISION, EXPORT_MARKER, _relative_files, read_run
 
 # ------------------------------------------------------------------------------------------------------- upload
 
@@ -53,4 +54,24 @@ def push_folder(folder, repo_id, revision=DEFAULT_REVISION, private=False, token
     return commit
 
 
-__all__ = ["upload_plan", "network_errors", "push_folder"]
+def push_to_hub_at_end(trainer):
+    """--push_to_hub of a training script: the run's last upload, after evaluation, as upstream's example scripts
+    end theirs. It sends the output folder (model, tokenizer, results) with README.md the family's model card, as
+    scripts/publish.py writes it (`model_card`): the task, the dataset, the base model and the metrics this run
+    recorded (`read_run`), in place of Trainer's generic draft. Trainer's own flow is kept (its uploads at each
+    save, on rank 0 only); only the card it writes before this push is the family's. Nothing happens without
+    --push_to_hub. It lives here, beside the card and the run record, so that `training` never imports `hub`."""
+    if not trainer.args.push_to_hub:
+        return None
+
+    def family_card(**_):  # Trainer.push_to_hub writes its card through this, on rank 0, before the upload
+        run = read_run(trainer.args.output_dir)
+        text = model_card(trainer.model, run, repo_id=trainer.hub_model_id)
+        with open(os.path.join(trainer.args.output_dir, "README.md"), "w", encoding="utf-8") as f:
+            f.write(text)
+
+    trainer.create_model_card = family_card
+    return trainer.push_to_hub(commit_message="End of training")
+
+
+__all__ = ["upload_plan", "network_errors", "push_folder", "push_to_hub_at_end"]

@@ -27,7 +27,7 @@ from typing import Optional
 
 from transformers import Trainer, default_data_collator, set_seed
 
-from hf_mgk import lm_eval, training
+from hf_mgk import hub, lm_eval, training
 from hf_mgk.families import FAMILIES
 
 logger = logging.getLogger("run_clm")
@@ -140,7 +140,7 @@ def main(argv=None):
             strided = strided_metrics(trainer, tokenized["validation"], block_size, data_args)
         results.update(training.evaluate_and_save(trainer, eval_dataset, len(eval_dataset), with_perplexity=True,
                                                   **strided))
-    training.push_to_hub_at_end(trainer)
+    hub.push_to_hub_at_end(trainer)
     training.close_distributed()
     return results
 

@@ -26,7 +26,7 @@ import numpy as np
 import transformers
 from transformers import DataCollatorWithPadding, Trainer, default_data_collator
 
-from hf_mgk import training
+from hf_mgk import hub, training
 from hf_mgk.families import FAMILIES
 from hf_mgk.metrics import load_metric
 
@@ -459,7 +459,7 @@ def main(argv=None):
         write_predictions(trainer, processed[split], splits[split], name, task, model.config.id2label, label_list,
                           training_args.output_dir)
 
-    training.push_to_hub_at_end(trainer)
+    hub.push_to_hub_at_end(trainer)
     training.close_distributed()
     return results
 

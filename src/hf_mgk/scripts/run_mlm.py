@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallback, set_seed
 
-from hf_mgk import training
+from hf_mgk import hub, training
 
 logger = logging.getLogger("run_mlm")
 
@@ -199,7 +199,7 @@ def main(argv=None):
         results.update(training.train_and_save(trainer, checkpoint, len(train_dataset)))
     if training_args.do_eval:
         results.update(training.evaluate_and_save(trainer, eval_dataset, len(eval_dataset), with_perplexity=True))
-    training.push_to_hub_at_end(trainer)
+    hub.push_to_hub_at_end(trainer)
     training.close_distributed()
     return results
 

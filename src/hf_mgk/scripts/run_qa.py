@@ -21,7 +21,7 @@ from typing import Optional
 import transformers
 from transformers import DataCollatorWithPadding, default_data_collator
 
-from hf_mgk import qa, training
+from hf_mgk import hub, qa, training
 from hf_mgk.metrics import load_metric
 
 logger = logging.getLogger("run_qa")
@@ -198,7 +198,7 @@ def main(argv=None):
         trainer.log_metrics("predict", metrics)
         training.save_metrics(trainer, "predict", metrics)
         results.update(metrics)
-    training.push_to_hub_at_end(trainer)
+    hub.push_to_hub_at_end(trainer)
     training.close_distributed()
     return results
 

@@ -201,27 +201,6 @@ def evaluate_and_save(trainer, dataset, n_samples, prefix="eval", with_perplexit
     return metrics
 
 
-def push_to_hub_at_end(trainer):
-    """--push_to_hub: the run's last upload, after evaluation, as upstream's example scripts end theirs. It sends
-    the output folder (model, tokenizer, results) with README.md the family's model card, as scripts/publish.py
-    writes it (hf_mgk.hub.model_card): the task, the dataset, the base model and the metrics this run recorded,
-    in place of Trainer's generic draft. Trainer's own flow is kept (its uploads at each save, on rank 0 only);
-    only the card it writes before this push is the family's. Nothing happens without --push_to_hub."""
-    if not trainer.args.push_to_hub:
-        return None
-    from ..hub import model_card
-    from ..hub.export import read_run
-
-    def family_card(**_):  # Trainer.push_to_hub writes its card through this, on rank 0, before the upload
-        run = read_run(trainer.args.output_dir)
-        text = model_card(trainer.model, run, repo_id=trainer.hub_model_id)
-        with open(os.path.join(trainer.args.output_dir, "README.md"), "w", encoding="utf-8") as f:
-            f.write(text)
-
-    trainer.create_model_card = family_card
-    return trainer.push_to_hub(commit_message="End of training")
-
-
 # The process groups close_distributed() took down, kept for the rest of the process: see there.
 _KEPT_GROUPS = []
 # Set by run_script: this process is a script's command, whose rank may leave at the end of its main().
@@ -278,4 +257,4 @@ def run_script(main):
 
 __all__ = ["RUN_FILE", "RESULTS_FILES", "incomplete_checkpoint", "run_identity", "prepare_output_dir", "read_run_identity",
            "write_run_info", "save_metrics", "recorded_results", "train_and_save", "evaluate_and_save", "close_distributed",
-           "run_script", "launched", "push_to_hub_at_end"]
+           "run_script", "launched"]
