@@ -1,4 +1,4 @@
-"""The code paths of the FiSH kernels' redesign (issue 34) the older tests do not reach: linear mixing folded into the
+"""The code paths of the FiSH kernels that test_attention_fish_triton.py does not reach: linear mixing folded into the
 query with head and value sizes that are not a power of two (q' / k' columns and V / dO rows padded), blocks that need
 no mask at all (whole blocks, no causal diagonal) and causal caches with N > S, against the float64 reference as
 test_attention_fish_triton's `_check`; and the generator of the noise (attention_triton.normal_tile): Philox4x32-10
@@ -11,6 +11,7 @@ import pytest
 import torch
 
 triton = pytest.importorskip("triton")
+pytestmark = pytest.mark.exactness  # run again under other CPU kernels by CI (.ci/run)
 
 from conftest import triton_devices  # noqa: E402
 from hf_mgk import attention_fish_triton as aft  # noqa: E402

@@ -1,4 +1,4 @@
-"""Bad input to the training scripts and to `python -m hf_mgk` (issue 18, parts 2 and 3): each case is refused
+"""Bad input to the training scripts and to `python -m hf_mgk`: each case is refused
 before training with one message naming the file or option, or (a TSV's quotes) read as the file's rows."""
 
 import os

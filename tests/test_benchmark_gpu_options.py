@@ -1,4 +1,4 @@
-"""The benchmark's options for the GPU runs of issue 26, checked on the CPU: --dtype (the children compute in it, the
+"""The benchmark's options for GPU runs, checked on the CPU: --dtype (the children compute in it, the
 models under autocast, the attention-alone inputs in it), the eager rows beside "auto" on --device cuda, --interleave
 for the attention-alone tables (one child per N, its times used), --attention-only, and the block-size tuning pass
 (in Triton's interpreter on tiny shapes). No timed assertion: the machine is shared and noisy."""

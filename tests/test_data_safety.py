@@ -1,4 +1,4 @@
-"""Nothing a user saved is lost (issue 18): quickstart, publish, `python -m hf_mgk` and `--overwrite_output_dir`
+"""Nothing a user saved is lost: quickstart, publish, `python -m hf_mgk` and `--overwrite_output_dir`
 remove or replace only what they themselves wrote. Every test plants the user's files first and compares each of
 them byte for byte after the command."""
 

@@ -1,4 +1,4 @@
-"""Modules with one job each (issue 25): no Python file of the package or its commands grows past 600 lines. A file
+"""Modules with one job each: no Python file of the package or its commands grows past 600 lines. A file
 that would is split by job (the attention modules: the public function, the backend rule and the small paths in
 one file, each large exact path in a sibling `attention_<family>_<path>.py`)."""
 

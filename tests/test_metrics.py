@@ -135,7 +135,7 @@ def hub_unreachable(monkeypatch, load_calls):
 
 
 def test_offline_hub_fallback_is_one_info_line_not_a_warning(hub_unreachable, caplog):
-    """The main job run offline without HF_HUB_OFFLINE logged a WARNING for this intended path (issue 25)."""
+    """The main job run offline without HF_HUB_OFFLINE logged a WARNING for this intended path."""
     load_calls = hub_unreachable
     caplog.set_level(logging.DEBUG)
     accuracy = load_metric("accuracy")

@@ -1,4 +1,4 @@
-"""The `compiled` backend (torch.compile / inductor) was retired (issue 25): asking for it is a clear error, and the
+"""The `compiled` backend (torch.compile / inductor) was retired: asking for it is a clear error, and the
 folders exported while it existed, which carry its file `attention_compile.py` among their code, still load and
 compute the same, with today's classes and through their own remote code without hf_mgk.
 

@@ -597,7 +597,7 @@ def test_an_output_folder_of_another_run_is_refused_and_kept(tmp_path, task_runs
 
 
 def test_a_run_starts_from_results_of_its_own_and_publish_shows_only_those(tmp_path, bert_tokenizer_dir, capsys):
-    """Issue 18: --overwrite_output_dir, train only, into a folder of an evaluated run: the old run's eval results
+    """--overwrite_output_dir, train only, into a folder of an evaluated run: the old run's eval results
     go, and the card shows no metric for the new model, which was never evaluated."""
     spec = importlib.util.spec_from_file_location("publish", os.path.join(ROOT, "scripts", "publish.py"))
     publish = importlib.util.module_from_spec(spec)

@@ -1,4 +1,4 @@
-"""Checkpoints saved before the restructuring (issue 16: the family registry, the references and backends, the
+"""Checkpoints saved before the restructuring (the family registry, the references and backends, the
 shared mask and block modules, the hook in run_layers) load strictly with today's code and give the same outputs.
 
 tests/data/families_v1/ was written by tests/data/make_families_v1.py with the package at commit 42782e1: MGK-BERT,

@@ -96,7 +96,7 @@ def kv_rows(block_m, network=False):
 
 # The launches of the half-precision defaults where M x D <= 128 and D <= 64, by (kind of mixing, dropout): the
 # forward's (BLOCK_M, BLOCK_N, warps) and the backward's (query rows an iteration, BLOCK_N keys a program, warps).
-# Chosen on sm_90's model (bf16, D = 64, M = 2; kernel notes, "Session 15"): the cheapest of every (BLOCK_M,
+# Chosen on sm_90's model (bf16, D = 64, M = 2; kernel notes, "FiSH launches"): the cheapest of every (BLOCK_M,
 # BLOCK_N) in 64-128 x 32-128, backward rows 16-64, 4 or 8 warps, whose loops spill at most ~1% of their
 # instructions (with dropout, causal and padding too). Cycles a pair, forward + backward, from the 64 x 64 blocks
 # before: linear 0.127 + 0.270 -> 0.094 + 0.250 (its tensor-core floor: 11 units of 64-deep products a pair), with
@@ -115,7 +115,7 @@ LAUNCHES = {("linear", False): ((128, 64, 4), (32, 64, 4)),
 
 
 # A network's program covers this many local heads (at most; `heads_a_program`): the global scores and the hidden layer
-# are formed once a tile for them (kernel notes, "Session 15").
+# are formed once a tile for them (kernel notes, "A program per group of local heads").
 NETWORK_GROUP = 2
 
 

@@ -221,7 +221,7 @@ def _mgk_soft_sdpa(query, keys, value, var, log_prior, attention_mask, is_causal
     # PyTorch's CPU flash kernel needs one head size for q/k and v (else a slower math path: kernel notes, "MGK path
     # rule"), so every operand is built at `width` directly inside its one concatenation: no separate pad/copy passes.
     # On GPUs the fused SDPA kernels (flash, memory-efficient) take head sizes that are multiples of 8 only: D + 2 =
-    # 66 would fall back to the math kernel, which forms the N x M*S scores (issue 26: padded to 72, 2.77x -> 1.79x
+    # 66 would fall back to the math kernel, which forms the N x M*S scores (measured: padded to 72, 2.77x -> 1.79x
     # SDPA with 8 heads at N = 4096, bf16, H100). This is the path where Triton is absent.
     width = max(d + 2, dv)
     if query.device.type != "cpu":

@@ -1,6 +1,6 @@
 """Writes tests/data/exported_v2/ (committed as exported_v2.tar.gz, so that its copies of old code files are data, not
 source of this tree): tiny checkpoints exported, code files included, by the package as it was before
-the `compiled` backend was retired (issue 25, package at commit 5ca5f6c). Each folder carries the code that
+the `compiled` backend was retired (package at commit 5ca5f6c). Each folder carries the code that
 version copied with it (`attention_compile.py` among them), as a folder published then does on the Hub, and the
 outputs that code gave. tests/test_exported_v2.py loads them with today's classes and, through remote code, in an
 environment without hf_mgk. Kept for the record; rerunning it with later code would only restate what later code

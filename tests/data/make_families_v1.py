@@ -1,6 +1,6 @@
 """Writes tests/data/families_v1/: tiny checkpoints of MGK-BERT, MGK-GPT2 and NPRF-RoBERTa (a few attention types
 each, a language-model head and a classifier) with the outputs the code that saved them gave. Run once, with the
-package as it was before the restructuring of issue 16 (commit 42782e1):
+package as it was before the restructuring into a family registry (commit 42782e1):
 
     PYTHONPATH=<checkout of 42782e1>/src python tests/data/make_families_v1.py
 
