@@ -204,3 +204,26 @@ def test_a_new_num_keys_when_loading_takes_its_default_variances(tmp_path):
     with pytest.raises(ValueError, match="mgk_variances must have num_keys=3 entries"):
         MGKBertConfig.from_pretrained(ours, num_keys=3)
     assert MGKBertConfig.from_pretrained(ours, num_keys=3, mgk_variances=[1, 2, 3]).mgk_variances == [1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize("family, stock", [("MGKBertForMaskedLM", "BertForMaskedLM"),
+                                           ("MGKGPT2LMHeadModel", "GPT2LMHeadModel"),
+                                           ("FiSHGPT2LMHeadModel", "GPT2LMHeadModel"),
+                                           ("NPRFRobertaForMaskedLM", "RobertaForMaskedLM")])
+def test_a_warm_start_from_a_stock_checkpoint_is_of_the_family(tmp_path, family, stock):
+    """A stock checkpoint's config.json names its own model_type ("bert"): the family's model warm-started from it
+    says the family's everywhere (the config's attribute as its saved dict), so the model card and the export,
+    which read config.model_type, find the family."""
+    import transformers
+
+    import hf_mgk
+    import tiny
+    from hf_mgk.hub import model_card
+
+    fields = tiny.bert() if "Bert" in stock else tiny.roberta() if "Roberta" in stock else tiny.gpt2()
+    stock_cls = getattr(transformers, stock)
+    stock_cls(stock_cls.config_class(**fields)).save_pretrained(tmp_path)
+    model = getattr(hf_mgk, family).from_pretrained(tmp_path)
+    assert model.config.model_type == type(model.config).model_type == model.config.to_dict()["model_type"]
+    assert model.config.model_type != stock_cls.config_class.model_type
+    assert f"model_type: {model.config.model_type}" in model_card(model, None)

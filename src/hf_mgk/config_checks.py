@@ -28,6 +28,13 @@ class ValidatedConfig:
         if cls.__dict__.get("_stock_model_type") and cls.__dict__.get("model_type"):
             _SUPPORTED_CONVERSIONS.add((cls._stock_model_type, cls.model_type))
 
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        # A stock checkpoint's config.json names its own type ("bert"), which the config would keep as an attribute
+        # of its own over the class's: this config is the family's, as to_dict() writes it and the Auto classes,
+        # the model card and the exported folder read it.
+        self.__dict__.pop("model_type", None)
+
     def check_fields(self):
         """Check every field of this family (and fill defaults derived from other fields); ValueError naming it."""
         raise NotImplementedError
