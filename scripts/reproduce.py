@@ -41,8 +41,8 @@ def parse_args(argv=None):
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="training seeds (default 0 1 2)")
     p.add_argument("--scale", default="default", choices=R.SCALES,
                    help="default: each claim in at most about 30 minutes on 2 CPU cores (--jobs 2 --threads 1; "
-                        "mgk-lm about 20), the committed reports; full: 600 steps of batch 16 (hours on 2 cores, minutes on a GPU); "
-                        "tiny: seconds, for smoke tests")
+                        "mgk-lm about 20), the committed reports; full: 600 steps of batch 16 (hours on 2 cores, "
+                        "minutes on a GPU); tiny: seconds, for smoke tests")
     p.add_argument("--max_steps", type=int, help="override the recipe's training steps (every arm alike)")
     p.add_argument("--output_dir", help="where the runs, results.json, report.md and figures go")
     p.add_argument("--threads", type=int, default=None,
