@@ -101,7 +101,7 @@ if triton is not None:
             aa = new
         offs_n = start_n + tl.arange(0, BLOCK_N)
         bias = tl.zeros_like(xs[0])
-        if PADDED:  # 0 for a real key, -inf for padding (bounds always: dK / dV's free blocks may pass S)
+        if PADDED:  # 0 for a real key, -inf for padding and past S
             bias += tl.load(KB + b * S + offs_n, mask=offs_n < S, other=float("-inf"))[None, :]
         if EDGE:
             seen = (offs_n < S)[None, :]
