@@ -31,9 +31,11 @@ import json
 import os
 import shutil
 import statistics
+import sys
 import time
 
 import torch
+from tqdm.auto import tqdm  # a dependency of transformers, whose Trainer draws the training stages' bars with it
 
 from hf_mgk import bundled, folders, hub
 from hf_mgk.families import FAMILIES
@@ -294,10 +296,11 @@ def remote_predictions(folder, sentences, max_length=FINETUNE_LENGTH):
         )
 
 
-def median_step_ms(steps, rounds, warmup_rounds=WARMUP_ROUNDS, clock=time.perf_counter):
+def median_step_ms(steps, rounds, warmup_rounds=WARMUP_ROUNDS, clock=time.perf_counter, progress=None):
     """{arm: median ms of its timed steps}. steps: {arm: step(round)}. Every round runs one step of every arm in
     turn and the first `warmup_rounds` are not timed: load that comes and goes on a shared machine then falls on
-    every arm alike instead of on whichever arm happened to be running, and the median drops a step it hit hard."""
+    every arm alike instead of on whichever arm happened to be running, and the median drops a step it hit hard.
+    progress: a tqdm bar (anything with update()), advanced once per round, warm-up rounds included."""
     times = {name: [] for name in steps}
     for r in range(warmup_rounds + rounds):
         for name, step in steps.items():
@@ -305,6 +308,8 @@ def median_step_ms(steps, rounds, warmup_rounds=WARMUP_ROUNDS, clock=time.perf_c
             step(r)
             if r >= warmup_rounds:
                 times[name].append(clock() - start)
+        if progress is not None:
+            progress.update()
     return {name: 1000 * statistics.median(t) for name, t in times.items()}
 
 
@@ -386,7 +391,10 @@ def timing_phase(args, results, reviews_train, adapt_train):
               f"arm, torch threads: {torch.get_num_threads()} ==", flush=True)
         steps = {name: training_step(auto_class.from_pretrained(res["folders"][stage]).to(device), batches,
                                      args.learning_rate) for name, res in results.items()}
-        medians[stage] = median_step_ms(steps, args.timing_rounds)
+        # Minutes on a loaded machine: a bar per stage, on stderr like the training stages' (stdout: the table).
+        with tqdm(total=WARMUP_ROUNDS + args.timing_rounds, desc=f"timing {stage}", unit="round",
+                  file=sys.stderr) as bar:
+            medians[stage] = median_step_ms(steps, args.timing_rounds, progress=bar)
         del steps  # one stage's models and optimizer states at a time
     return medians
 

@@ -17,8 +17,9 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
+pytestmark = pytest.mark.exactness  # run again under other CPU kernels by CI (.ci/run)
 
-from conftest import assert_close, check_environment_refusals, triton_devices  # noqa: E402
+from conftest import assert_close, assert_exact, check_environment_refusals, cotangent_grads, triton_devices  # noqa: E402,E501
 from hf_mgk import attention_fish as af  # noqa: E402
 from hf_mgk import attention_fish_triton as aft  # noqa: E402
 from hf_mgk import attention_triton as at  # noqa: E402
@@ -68,44 +69,62 @@ def _noise(variant, args, seed):
                             variant.endswith("gfish"), q.device)
 
 
-def _grads(out, inputs):
-    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.device, out.dtype)
-    return torch.autograd.grad(out, inputs, g)
+_grads = cotangent_grads
+
+
+def _names(variant):
+    return ["q", "k", "v"] + (["W1", "b1", "W2", "b2"] if variant.endswith("gfish") else ["mixing"]) + (
+        ["sigma"] if variant in NOISY else [])
+
+
+def _reference(args, kwargs, noise, weights=None):
+    """conftest.assert_exact's reference(dtype): the literal reference on the call's inputs cast to dtype (GFiSH's
+    network copied at dtype), given the kernels' noise, and its leaves (q, k, v, the mixing tensor or the network's
+    parameters, sigma). With `weights` (a dropout mask of the kernel's, scaled), the reference's weights times it,
+    times V."""
+    def reference(dtype):
+        q, k, v = (t.detach().to(dtype).requires_grad_() for t in args[:3])
+        mixing = args[3]
+        if isinstance(mixing, torch.nn.Module):
+            mixing = make_gfish_mixing(mixing[0].in_features, mixing[2].out_features).to(q.device, dtype)
+            mixing.load_state_dict(args[3].state_dict())
+            params = list(mixing.parameters())
+        else:
+            mixing = mixing.detach().to(dtype).requires_grad_()
+            params = [mixing]
+        kw = dict(kwargs)
+        if "noise_std" in kw:
+            kw["noise_std"] = kwargs["noise_std"].detach().to(dtype).requires_grad_()
+            params.append(kw["noise_std"])
+        eps = None if noise is None else noise.to(dtype)
+        if weights is None:
+            return fish_attention_reference(q, k, v, mixing, **kw, noise=eps), [q, k, v, *params]
+        _, w = fish_attention_reference(q, k, v, mixing, **kw, noise=eps, return_weights=True)
+        return torch.matmul(w * weights.to(dtype), v), [q, k, v, *params]
+    return reference
 
 
 def _check(variant, m, n, s, d, dv, causal, padded, device, dtype=torch.float32, rtol=1e-5, atol=1e-6):
-    """Triton against the float64 reference of the same (rounded) inputs, given the kernels' noise, to float32's
-    tolerance or the half precision's. A gradient that is 0 in exact arithmetic (GFiSH's last bias:
-    softmax ignores a shift of a row) comes out as a sum of cancelling terms: judged against the largest gradient's
-    scale (in half precision delta = dO . out, from the rounded output, leaves each row's sum off by about the
-    precision's epsilon; no other gradient amplifies that, unlike MGK's |q|^2 terms)."""
+    """Triton against the reference of the same (rounded) inputs, given the kernels' noise. float32: as exact as the
+    reference evaluated in float32, both against float64 (conftest.assert_exact); half precision: against float64
+    at that precision's tolerance. A gradient that is 0 in exact arithmetic (GFiSH's last bias: softmax ignores a
+    shift of a row) comes out as a sum of cancelling terms: judged against the largest gradient's scale (in half
+    precision delta = dO . out, from the rounded output, leaves each row's sum off by about the precision's
+    epsilon; no other gradient amplifies that, unlike MGK's |q|^2 terms)."""
     args, kwargs, leaves = _case(variant, m, n, s, d, dv, padded, device, dtype)
     out = fish_attention(*args, **kwargs, is_causal=causal, generator=torch.Generator().manual_seed(5),
                          backend="triton")
     assert out.dtype == dtype and out.shape == (B, H, n, dv)
     grads = _grads(out, leaves)
-    eps = _noise(variant, args, 5)
-    mixing = args[3]
-    if isinstance(mixing, torch.nn.Module):
-        mixing = make_gfish_mixing(m, H).to(device, torch.float64)
-        mixing.load_state_dict(args[3].state_dict())
-        params = list(mixing.parameters())
-    else:
-        mixing = mixing.detach().double().requires_grad_()
-        params = [mixing]
-    q, k, v = (t.detach().double().requires_grad_() for t in args[:3])
-    kw64 = dict(kwargs)
-    if "noise_std" in kw64:
-        kw64["noise_std"] = kwargs["noise_std"].detach().double().requires_grad_()
-        params.append(kw64["noise_std"])
-    ref = fish_attention_reference(q, k, v, mixing, **kw64, is_causal=causal, noise=eps)
-    want = _grads(ref.to(dtype), [q, k, v, *params])
-    out = out.double()
-    assert_close(out, ref, rtol, atol, msg=f"{variant} output")
-    names = ["q", "k", "v"] + (["W1", "b1", "W2", "b2"] if variant.endswith("gfish") else ["mixing"]) + (
-        ["sigma"] if variant in NOISY else [])
+    reference = _reference(args, dict(kwargs, is_causal=causal), _noise(variant, args, 5))
+    if dtype == torch.float32:
+        assert_exact(out, grads, reference, _names(variant), cancelling={"b2"})
+        return
+    ref, ref_leaves = reference(torch.float64)
+    want = _grads(ref.to(dtype), ref_leaves)
+    assert_close(out.double(), ref, rtol, atol, msg=f"{variant} output")
     largest = max(g.abs().max().item() for g in want)
-    for name, got, ref_grad in zip(names, grads, want, strict=True):
+    for name, got, ref_grad in zip(_names(variant), grads, want, strict=True):
         tol = rtol * largest if name == "b2" else atol
         assert_close(got.double(), ref_grad.double(), rtol, tol, msg=f"{variant} grad {name}")
 
@@ -148,12 +167,10 @@ def test_rows_that_see_no_key_give_zero(device, variant):
     mask[1] = False
     kw = dict(kwargs, attention_mask=mask, is_causal=True)
     out = fish_attention(*args, **kw, generator=torch.Generator().manual_seed(5), backend="triton")
-    ref = fish_attention_reference(*args, **kw, noise=_noise(variant, args, 5))
     assert out[:, :, :3].abs().max() == 0 and out[1].abs().max() == 0
-    assert_close(out, ref)
-    for got, want in zip(_grads(out, leaves), _grads(ref, leaves)):
-        assert torch.isfinite(got).all()
-        assert_close(got, want, atol=1e-5)
+    grads = _grads(out, leaves)
+    assert all(torch.isfinite(g).all() for g in grads)
+    assert_exact(out, grads, _reference(args, kw, _noise(variant, args, 5)), _names(variant), cancelling={"b2"})
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -203,14 +220,11 @@ def test_dropout_drops_the_weights(device, variant):
     _, weights = fish_attention_reference(*args, **kw, return_weights=True, noise=_noise(variant, args, 5))
     visible = weights.detach() > 0
     kept = (out.detach() != 0).to(weights.dtype) / (1 - p)
-    assert_close(out, weights * kept, msg="output")
     dropped = (out.detach()[visible] == 0).float().mean().item()
     assert abs(dropped - p) < 0.05, dropped  # about 1,500 visible pairs: the binomial's sd is 0.012
     assert not torch.equal(kept[:, 0], kept[:, 1])  # each local head its own mask
-    expected = torch.matmul(weights * kept, args[2])
-    grads, want = _grads(out, leaves), _grads(expected, leaves)
-    for got, ref in zip(grads, want):
-        assert_close(got, ref, atol=1e-5 * grads[0].abs().max().item())
+    reference = _reference(args, kw, _noise(variant, args, 5), weights=kept)
+    assert_exact(out, _grads(out, leaves), reference, _names(variant), cancelling={"b2"})
     torch.manual_seed(7)
     again = fish_attention(*args, **kw, dropout_p=p, generator=torch.Generator().manual_seed(5), backend="triton")
     other = fish_attention(*args, **kw, dropout_p=p, generator=torch.Generator().manual_seed(5), backend="triton")

@@ -16,8 +16,9 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
+pytestmark = pytest.mark.exactness  # run again under other CPU kernels by CI (.ci/run)
 
-from conftest import assert_close, check_environment_refusals, triton_devices  # noqa: E402
+from conftest import assert_close, assert_exact, check_environment_refusals, cotangent_grads, triton_devices  # noqa: E402,E501
 from hf_mgk import attention_mgk as am  # noqa: E402
 from hf_mgk import attention_mgk_triton as amt  # noqa: E402
 from hf_mgk import attention_triton as at  # noqa: E402
@@ -52,9 +53,21 @@ def _call(fn, leaves, lp, shared, **kw):
     return fn(*leaves[:-1], leaves[-1], log_prior=lp, **kw) if shared else fn(*leaves, log_prior=lp, **kw)
 
 
-def _grads(out, inputs):
-    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.device, out.dtype)
-    return torch.autograd.grad(out, inputs, g)
+_grads = cotangent_grads
+
+
+def _names(shared, with_prior=False):
+    return (["q", "key", "shift", "v"] if shared else ["q", "keys", "v"]) + ["log_prior"] * with_prior
+
+
+def _reference(leaves, lp, shared, kw, with_prior=False):
+    """conftest.assert_exact's reference(dtype): the literal reference on the call's inputs cast to dtype, and its
+    leaves (the log prior among them `with_prior`)."""
+    def reference(dtype):
+        xs = [t.detach().to(dtype).requires_grad_() for t in leaves]
+        lpx = None if lp is None else lp.detach().to(dtype).requires_grad_(with_prior)
+        return _call(mgk_attention_reference, xs, lpx, shared, **kw), xs + ([lpx] if with_prior else [])
+    return reference
 
 
 def _variances(m, d):
@@ -63,34 +76,27 @@ def _variances(m, d):
 
 def _check(shared, e_step, prior, m, n, s, d, dv, causal, padded, device, dtype=torch.float32, rtol=1e-5,
            atol=1e-6, h=1):
-    """Triton output and gradients against the reference: float32 against the float32 reference; half precision
-    against the float64 reference of the same rounded inputs at that precision's tolerance. The log prior's
-    gradient is a sum of cancelling terms (sum_r d/dlog pi_r = 0) of the size of q's gradient, and can be far
-    smaller than they are: it is held to float64 within rtol of its own scale plus rtol of q's gradient's (on
-    the second case the float32 reference itself is off by 8e-5 of its own scale, measured)."""
+    """Triton output and gradients against the reference. float32: as exact as the reference evaluated in float32,
+    both against float64 (conftest.assert_exact; the log prior's gradient is a sum of cancelling terms,
+    sum_r d/dlog pi_r = 0, of the size of the other gradients, and can be far smaller than they are: its floor is
+    theirs). Half precision: against the float64 reference of the same rounded inputs at that precision's
+    tolerance (rtol, atol)."""
     leaves, lp, mask = _inputs(n, s, m, d, dv, shared, prior, device, dtype, h)
     kw = dict(variances=_variances(m, d), e_step=e_step, attention_mask=mask if padded else None, is_causal=causal)
     out = _call(mgk_attention, leaves, lp, shared, backend="triton", **kw)
     assert out.dtype == dtype and out.shape == (B, h, n, dv)
     with_prior = prior == "learned" and e_step == "soft"  # hard: pi plays no role
-    inputs = leaves + ([lp] if with_prior else [])
-    grads = _grads(out, inputs)
-    leaves64 = [t.detach().double().requires_grad_() for t in leaves]
-    lp64 = None if lp is None else lp.detach().double().requires_grad_(prior == "learned")
-    ref64 = _call(mgk_attention_reference, leaves64, lp64, shared, **kw)
-    grads64 = _grads(ref64.to(dtype), leaves64 + ([lp64] if with_prior else []))
+    grads = _grads(out, leaves + ([lp] if with_prior else []))
+    names = _names(shared, with_prior)
+    reference = _reference(leaves, lp, shared, kw, with_prior)
+
     if dtype == torch.float32:
-        ref = _call(mgk_attention_reference, leaves, lp, shared, **kw)
-        assert_close(out, ref, rtol, atol, msg="output")
-        ref_grads = list(_grads(ref, leaves)) + list(grads64[len(leaves):])
-    else:
-        assert_close(out.double(), ref64, rtol, atol, msg="output")
-        ref_grads = grads64
-    names = (["q", "key", "shift", "v"] if shared else ["q", "keys", "v"]) + ["log_prior"] * with_prior
-    for name, got, want in zip(names, grads, ref_grads, strict=True):
-        if name == "log_prior" and m == 1:  # one key: log pi_1 is a constant shift, its gradient is 0
-            assert got.abs().max() < 1e-5 * grads[0].abs().max()
-            continue
+        assert_exact(out, grads, reference, names, cancelling={"log_prior"})
+        return
+    ref64, leaves64 = reference(torch.float64)
+    grads64 = _grads(ref64.to(dtype), leaves64)
+    assert_close(out.double(), ref64, rtol, atol, msg="output")
+    for name, got, want in zip(names, grads, grads64, strict=True):
         tol = rtol * grads[0].abs().max().item() if name == "log_prior" else atol
         assert_close(got.double(), want.double(), rtol, tol, msg=f"grad {name}")
 
@@ -143,12 +149,10 @@ def test_rows_that_see_no_key_give_zero(device, shared, e_step):
     mask[1] = False
     kw = dict(variances=_variances(2, 16), e_step=e_step, is_causal=True, attention_mask=mask)
     out = _call(mgk_attention, leaves, lp, shared, backend="triton", **kw)
-    ref = _call(mgk_attention_reference, leaves, lp, shared, **kw)
     assert out[:, :, :3].abs().max() == 0 and out[1].abs().max() == 0
-    assert_close(out, ref)
-    for got, want in zip(_grads(out, leaves), _grads(ref, leaves)):
-        assert torch.isfinite(got).all()
-        assert_close(got, want)
+    grads = _grads(out, leaves)
+    assert all(torch.isfinite(g).all() for g in grads)
+    assert_exact(out, grads, _reference(leaves, lp, shared, kw), _names(shared))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -177,10 +181,7 @@ def test_hard_e_step_ties_share_the_gradient(device, shared):
             leaves[1][:, :, 1] = leaves[1][:, :, 0]
     kw = dict(variances=[3.0, 3.0], e_step="hard", attention_mask=mask)
     out = _call(mgk_attention, leaves, lp, shared, backend="triton", **kw)
-    ref = _call(mgk_attention_reference, leaves, lp, shared, **kw)
-    assert_close(out, ref)
-    for got, want in zip(_grads(out, leaves), _grads(ref, leaves)):
-        assert_close(got, want)
+    assert_exact(out, _grads(out, leaves), _reference(leaves, lp, shared, kw), _names(shared))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -200,14 +201,17 @@ def test_dropout_drops_the_mixture_weights(device, shared, e_step):
     _, weights = _call(mgk_attention_reference, leaves, lp, shared, return_weights=True, **kw)
     visible = weights.detach() > 0
     kept = (out.detach() != 0).to(weights.dtype) / (1 - p)
-    assert_close(out, weights * kept, msg="output")
     dropped = (out.detach()[visible] == 0).float().mean().item()
     assert abs(dropped - p) < 0.06, dropped  # about 1000 visible pairs: the binomial's sd is 0.015
-    expected = torch.matmul(weights * kept, leaves[-1])
-    inputs = leaves + ([lp] if e_step == "soft" else [])
-    grads, want = _grads(out, inputs), _grads(expected, inputs)
-    for got, ref in zip(grads, want):
-        assert_close(got, ref, atol=1e-5 * grads[0].abs().max().item())
+    with_prior = e_step == "soft"
+
+    def reference(dtype):  # the reference's weights, the kernel's dropout mask, times V
+        weights_of = _reference(leaves, lp, shared, dict(kw, return_weights=True), with_prior)
+        (_, w), xs = weights_of(dtype)
+        return torch.matmul(w * kept.to(dtype), xs[-2 if with_prior else -1]), xs
+
+    grads = _grads(out, leaves + ([lp] if with_prior else []))
+    assert_exact(out, grads, reference, _names(shared, with_prior), cancelling={"log_prior"})
     torch.manual_seed(7)
     again = _call(mgk_attention, leaves, lp, shared, backend="triton", dropout_p=p, **kw)
     other = _call(mgk_attention, leaves, lp, shared, backend="triton", dropout_p=p, **kw)

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
+pytestmark = pytest.mark.exactness  # run again under other CPU kernels by CI (.ci/run)
 
-from conftest import assert_close, triton_devices  # noqa: E402
-from test_attention_mgk_triton import _call, _check, _grads, _inputs  # noqa: E402
+from conftest import assert_exact, triton_devices  # noqa: E402
+from test_attention_mgk_triton import _call, _check, _grads, _inputs, _names, _reference  # noqa: E402
 from hf_mgk.attention_mgk import mgk_attention  # noqa: E402
-from hf_mgk.reference import mgk_attention_reference  # noqa: E402
 
 DEVICES = triton_devices()
 
@@ -71,10 +71,7 @@ def test_hard_ties_of_some_pairs_split_the_gradient(device, shared, m):
             leaves[1][:, :, 1, ::3] = leaves[1][:, :, 0, ::3]
     kw = dict(variances=[3.0] * m, e_step="hard", attention_mask=mask, is_causal=True)
     out = _call(mgk_attention, leaves, lp, shared, backend="triton", **kw)
-    ref = _call(mgk_attention_reference, leaves, lp, shared, **kw)
-    assert_close(out, ref)
-    for got, want in zip(_grads(out, leaves), _grads(ref, leaves)):
-        assert_close(got, want)
+    assert_exact(out, _grads(out, leaves), _reference(leaves, lp, shared, kw), _names(shared))
 
 
 _COMPILE = """

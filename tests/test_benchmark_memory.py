@@ -4,6 +4,7 @@ grow about 4x when N doubles and the O(N) ones at most about 2x. Memory only: no
 
 import contextlib
 import io
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -106,6 +107,33 @@ def test_command_prints_one_row_per_path(capsys):
         assert len(r) == 8 and r[1].startswith(memory.PATHS[path][0])
         assert float(r[4]) == pytest.approx(got[(path, 128)] / got[(path, 64)], abs=0.006)
         assert float(r[2]) > 0 and float(r[7]) > 0
+
+
+def test_command_shows_progress_on_stderr_and_no_profiler_trace_lines(capfd):
+    """The default run takes minutes: a bar on stderr counts the cases as they are measured, stdout keeps the
+    table. torch's profiler (libkineto) writes `USDT:... profiler_start` / `profiler_stop` from C++ to fd 2 (hence
+    capfd) at every session: dropped."""
+    threads = torch.get_num_threads()
+    try:
+        memory.main(["--lengths", "64", "128", "--heads", "2", "--head-dim", "8", "--paths", "MGK hard, dense",
+                     "--threads", str(threads)])
+    finally:
+        torch.set_num_threads(threads)
+    out, err = capfd.readouterr()
+    assert "USDT" not in out + err
+    assert "peak memory: 100%" in err and "4/4" in err  # the path and its SDPA baseline at 2 lengths
+    assert "%|" not in out and "| MGK hard, dense | fwd+bwd |" in out
+
+
+def test_only_kinetos_trace_lines_are_dropped_from_fd_2(capfd):
+    """Around the profiler's start and stop, fd 2 is filtered, not silenced: any other line (a kineto error, a
+    warning) comes through, also when the call raises."""
+    with pytest.raises(RuntimeError), measure._without_kineto_usdt_lines():
+        os.write(2, b"USDT:2026-12-03 10:00:00 1:1 SyncActivityProfilerHandler.cpp:52] profiler_start\n"
+                    b"ERROR:2026-12-03 10:00:00 1:1 Something.cpp:1] a real error\n")
+        raise RuntimeError
+    os.write(2, b"after\n")
+    assert capfd.readouterr().err == "ERROR:2026-12-03 10:00:00 1:1 Something.cpp:1] a real error\nafter\n"
 
 
 @pytest.mark.parametrize("lengths", [["256"], ["256", "256"]])

@@ -129,6 +129,55 @@ def test_timing_alternates_the_arms_and_takes_the_median():
     assert medians == {"a": 2000, "b": 20000, "c": 5000}
 
 
+def test_timing_advances_its_progress_once_per_round():
+    """The timing phase takes minutes on a loaded machine: its bar moves after every round, once every arm has
+    taken its step, warm-up rounds included."""
+    calls, updates = [], []
+
+    class Bar:
+        def update(self, n=1):
+            updates.append((len(calls), n))
+
+    steps = {name: (lambda r, name=name: calls.append((name, r))) for name in ("a", "b", "c")}
+    quickstart.median_step_ms(steps, rounds=3, warmup_rounds=2, progress=Bar())
+    assert updates == [(3 * r, 1) for r in range(1, 6)]
+
+
+def test_timing_phase_draws_one_bar_per_stage_on_stderr(tmp_path, capsys):
+    """The bars go to stderr: stdout keeps the stage headers (and, in main, the table) for whoever reads it."""
+    from types import SimpleNamespace
+
+    from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification, BertTokenizerFast
+
+    import tiny
+
+    vocab = tmp_path / "vocab.txt"  # a tiny vocabulary: the real one's 30,522-row output layer costs seconds
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "film", "to", "be"]) + "\n")
+    tokenizer = BertTokenizerFast(vocab_file=str(vocab))
+    config = BertConfig(**tiny.bert(), id2label={0: "negative", 1: "positive"},
+                        label2id={"negative": 0, "positive": 1})
+    folders = {"adapt": str(tmp_path / "adapt"), "finetune": str(tmp_path / "finetune")}
+    for model, folder in ((BertForMaskedLM(config), folders["adapt"]),
+                          (BertForSequenceClassification(config), folders["finetune"])):
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    results = {"mgk": {"folders": folders}}  # one arm: what is checked here is where the bars go
+    reviews = tmp_path / "train.csv"
+    reviews.write_text("sentence,label\na fine film,positive\na dull one,negative\n", encoding="utf-8")
+    text = tmp_path / "text.txt"
+    text.write_text("To be, or not to be, that is the question.\n" * 4, encoding="utf-8")
+    args = SimpleNamespace(family="mgk-bert", attention_type="mgk", batch_size=2, max_seq_length=8,
+                           learning_rate=1e-4, timing_rounds=1)
+
+    ms = quickstart.timing_phase(args, results, str(reviews), str(text))
+    assert set(ms) == {"adapt", "finetune"} and ms["adapt"]["mgk"] > 0 and ms["finetune"]["mgk"] > 0
+    out, err = capsys.readouterr()
+    total = quickstart.WARMUP_ROUNDS + 1
+    for stage in ("adapt", "finetune"):
+        assert f"== timing {stage} steps" in out
+        assert f"timing {stage}: 100%" in err and f"{total}/{total}" in err
+    assert "%|" not in out
+
 def test_main_job_arms_and_what_the_skip_flags_skip(tmp_path):
     def arms(*flags):
         args = quickstart.parse_args([*flags, "--output_dir", str(tmp_path / "unused")])

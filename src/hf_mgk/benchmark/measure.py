@@ -5,6 +5,7 @@ family timed together with their steps alternating (`measure_interleaved`, for -
 `call_child` is looked up on this module when it is called (`measure.call_child` from the other modules), so a
 test can run every child in its own process by replacing it here."""
 
+import contextlib
 import json
 import math
 import os
@@ -12,6 +13,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -64,11 +66,15 @@ def allocated_peaks(makers, warm_up=True):
     total (`total_allocated`) of the allocation events that torch's profiler records with profile_memory, in one
     profiler session for all steps, each inside its own record_function. Memory that libraries take outside torch's
     allocator (oneDNN, FFT plans) is not counted. With `warm_up`, each step's first call (one-time allocations) is
-    a separate step from `make` run before the measured one, outside the measurement."""
+    a separate step from `make` run before the measured one, outside the measurement. `makers` is iterated once,
+    in order: a tqdm bar over it shows each step as it is measured (hf_mgk.benchmark.memory's progress)."""
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with _without_kineto_usdt_lines():
+        prof.__enter__()
+    try:
         for i, make in enumerate(makers):
             if warm_up:
                 make()()
@@ -76,6 +82,9 @@ def allocated_peaks(makers, warm_up=True):
             with record_function(f"hf_mgk.allocated_peaks.{i}"):
                 step()
             del step
+    finally:
+        with _without_kineto_usdt_lines():
+            prof.__exit__(*sys.exc_info())
     peaks = [0] * len(makers)
     for node in _nodes(prof.profiler.kineto_results.experimental_event_tree()):
         if not node.name.startswith("hf_mgk.allocated_peaks."):
@@ -88,6 +97,27 @@ def allocated_peaks(makers, warm_up=True):
             start = events[0][2] - events[0][1]  # the running total before the step's first event
             peaks[int(node.name.rsplit(".", 1)[1])] = max(0, max(total for *_, total in events) - start)
     return peaks
+
+
+@contextlib.contextmanager
+def _without_kineto_usdt_lines():
+    """Drops the `USDT:<time> ... SyncActivityProfilerHandler.cpp:52] profiler_start` (and `profiler_stop`) lines
+    that libkineto, torch's profiler, writes from C++ to fd 2 when a session starts and stops: markers for tracing
+    tools, not messages. They are logged above its ERROR level, so KINETO_LOG_LEVEL cannot hide them without hiding
+    its errors too; instead fd 2 goes to a file around those two calls only (the measured steps print as usual) and
+    every other line is passed on."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            os.write(2, b"".join(line for line in caught if not line.startswith(b"USDT:")))
 
 
 def _nodes(roots):

@@ -13,9 +13,11 @@ run is enough; in bfloat16 / float16 the N x S tensors of the dense paths take h
 float32). docs/usage.md ("Limits and memory") has the table and when each path runs."""
 
 import argparse
+import sys
 from types import SimpleNamespace
 
 import torch
+from tqdm.auto import tqdm  # a dependency of transformers
 
 from . import measure
 from .attention import FISH_NOISY, _leaf
@@ -134,8 +136,10 @@ def measure_paths(paths, lengths, a):
         names[path] = (lambda n, build=build, train=train: (lambda: build(a, n, train)))
         names[sdpa_name(path)] = (lambda n, train=train, causal=causal: (lambda: sdpa_step(a, n, train, causal)))
     cases = [(name, n) for n in lengths for name in names]
+    # A bar on stderr (the table is stdout), advanced as each case is measured: the default run takes minutes.
+    makers = tqdm([names[name](n) for name, n in cases], desc="peak memory", unit="case", file=sys.stderr)
     # No warm-up call: it changed no peak of these paths (measured), and the FFT path's calls take seconds.
-    peaks = measure.allocated_peaks([names[name](n) for name, n in cases], warm_up=False)
+    peaks = measure.allocated_peaks(makers, warm_up=False)
     return dict(zip(cases, peaks))
 
 
