@@ -472,6 +472,8 @@ def main(argv=None):
     with open(reviews["validation"], encoding="utf-8") as f:
         held_out = list(csv.DictReader(f))[:args.max_eval_samples]
     sentences = [r["sentence"] for r in held_out]
+    print(f"\n== reload check: {len(sentences)} held-out predictions here, then from the exported folder in a "
+          "virtualenv without hf_mgk ==", flush=True)
     local = predictions(new, sentences)
     remote = remote_predictions(os.path.abspath(export), sentences)
     labels = {"negative": 0, "positive": 1}
