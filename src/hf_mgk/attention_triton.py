@@ -23,8 +23,9 @@ except ImportError:  # no Triton: `available()` is False and the torch backends 
     triton = None
     tl = None
 
-__all__ = ["LN2", "LOG2E", "MAX_COUNTER", "MAX_HEAD_SIZE", "available", "env_switch", "fitted", "interpreting", "precision",
-           "refusal", "shape_class", "shared_memory", "switched_on", "tuned_blocks"]
+__all__ = ["LN2", "LOG2E", "MAX_COUNTER", "MAX_HEAD_SIZE", "MIN_CAPABILITY", "MIN_TRITON", "available", "capability",
+           "env_switch", "fitted", "interpreting", "platform_refusal", "precision", "refusal", "shape_class",
+           "shared_memory", "switched_on", "tuned_blocks"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,9 +61,58 @@ def switched_on():
     return env_switch("HF_MGK_TRITON", "the torch paths only")
 
 
+# The oldest Triton the kernels compile with: under 3.2 the tuples they build in tl.static_range fail to compile
+# ("NameError: out is not defined").
+MIN_TRITON = (3, 3)
+# The oldest compute capability they run on: bfloat16 products on tensor cores (sm_75 / sm_70 compile them to plain
+# FMAs) and up to 80 KB of shared memory a program (a T4 has 64 KB).
+MIN_CAPABILITY = (8, 0)
+_SAID = set()
+
+
+def _version(text):
+    """(major, minor) of a version string such as "3.3.1" or "3.4.0+git1234"."""
+    parts = (text.split("+")[0].split(".") + ["0"])[:2]
+    return tuple(int("".join(c for c in part if c.isdigit()) or 0) for part in parts)
+
+
+def platform_refusal():
+    """Why the kernels cannot run in this process, whatever the call (None: they can): Triton missing or older than
+    MIN_TRITON, or a ROCm build of torch (its tensors say "cuda"; the kernels are built and checked for NVIDIA GPUs,
+    and for AMD's gfx942 / gfx90a float32 FiSH's products and the noise's fast log do not compile)."""
+    if triton is None:
+        return "triton is not installed"
+    if _version(getattr(triton, "__version__", "0")) < MIN_TRITON:
+        return f"triton {triton.__version__} (the kernels need {'.'.join(map(str, MIN_TRITON))} or later)"
+    if getattr(torch.version, "hip", None) and not interpreting():
+        return "a ROCm build of torch (the kernels are built and checked for NVIDIA GPUs only)"
+    return None
+
+
 def available():
-    """Whether the kernels can be used: Triton imported, and HF_MGK_TRITON not switched off (`switched_on`)."""
-    return switched_on() and triton is not None
+    """Whether the kernels can be used: HF_MGK_TRITON not switched off (`switched_on`) and nothing in this process
+    refuses them (`platform_refusal`, said once at INFO)."""
+    if not switched_on():
+        return False
+    why = platform_refusal()
+    if why is not None and triton is not None and why not in _SAID:
+        _SAID.add(why)
+        logger.info("hf_mgk: the Triton kernels are not used: %s; the torch paths run", why)
+    return why is None
+
+
+_CAPABILITIES = {}
+
+
+def capability(index=None):
+    """The (major, minor) compute capability of CUDA device `index` (default: the current one), read once; None
+    where torch sees no CUDA device (the rules' unit tests name "cuda" without one)."""
+    if not torch.cuda.is_available():
+        return None
+    index = torch.cuda.current_device() if index is None else index
+    if index not in _CAPABILITIES:
+        _CAPABILITIES[index] = tuple(torch.cuda.get_device_capability(index))
+    return _CAPABILITIES[index]
 
 
 # Triton decides at import whether @triton.jit compiles or interprets: what the environment said then counts.
@@ -80,7 +130,7 @@ def refusal(device_type, head_size, *, installed=True, family=None, mask=None, t
     family's own reason (`family`, None for none); a whole 4-D mask (`mask` "pairs"); `tracing` (an outer trace
     or compile); a dtype they do not take; the device; the head size (the larger of q / k's and v's)."""
     if not installed:
-        return "triton is not installed (or HF_MGK_TRITON=0 switched the kernels off)"
+        return platform_refusal() or "HF_MGK_TRITON=0 switched the kernels off"
     if family is not None:
         return family
     if mask == "pairs":
@@ -93,6 +143,10 @@ def refusal(device_type, head_size, *, installed=True, family=None, mask=None, t
         return "a CPU tensor outside Triton's interpreter (set TRITON_INTERPRET=1 before triton is imported)"
     if device_type not in ("cuda", "cpu"):
         return f"a {device_type} tensor (Triton runs on CUDA GPUs)"
+    if device_type == "cuda" and (capability() or MIN_CAPABILITY) < MIN_CAPABILITY:
+        major, minor = capability()
+        return (f"a GPU of compute capability {major}.{minor} (the kernels need "
+                f"{'.'.join(map(str, MIN_CAPABILITY))} or later: tensor-core bfloat16 products, 80 KB of shared memory)")
     if head_size > MAX_HEAD_SIZE:
         return f"head size {head_size} (the Triton kernels take up to {MAX_HEAD_SIZE})"
     return None
