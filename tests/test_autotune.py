@@ -3,7 +3,9 @@
 and a fake clock that moves only when an arm's backend runs (by the seconds the test gives it), so the choice is
 known in advance: the faster arm wins, the choice is kept per process, cached in a file keyed by the GPU and the
 versions, shared between ranks through the process group's store, switched off by HF_MGK_AUTOTUNE=0, never timed in
-a trace, and a kernel that fails for resources loses with one warning."""
+a trace; and the trial verifies the kernels: an arm that raises, or kernels that disagree with the eager path, lose
+with one warning, both failing runs the eager path's own error, and a chosen kind whose kernels fail later falls
+back to the eager path."""
 
 import json
 import logging
@@ -57,6 +59,10 @@ def measured(monkeypatch, tmp_path):
     return tmp_path / "cache"
 
 
+# The arms' runs of a trial: each arm once to verify the kernels, then a warm-up and one timed run of each
+TRIAL = ["triton", "blocked", "triton", "triton", "blocked", "blocked"]
+
+
 def mgk_clock(monkeypatch, triton_s, blocked_s):
     """A fake clock for MGK's arms: the kernels and the blocked path (the CPU's eager choice in float32)."""
     clock = FakeClock({"triton": triton_s, "blocked": blocked_s})
@@ -84,16 +90,16 @@ def test_the_faster_arm_wins_and_runs(measured, monkeypatch, fast):
                       else 3.0)
     q, k, v = mgk_inputs()
     out = run_mgk(q, k, v)
-    # timed: a warm-up and one timed run of each arm (forward + backward: the backward is in the same functions),
-    # then the call itself on the faster arm
-    assert clock.calls == ["triton", "triton", "blocked", "blocked", fast]
+    # verified (one run of each arm, compared), timed (a warm-up and one timed run of each arm: forward + backward,
+    # the backward is in the same functions), then the call itself on the faster arm
+    assert clock.calls == TRIAL + [fast]
     assert torch.equal(out, run_mgk(q, k, v, backend=fast))
     assert not torch.equal(out, run_mgk(q, k, v, backend=slow))  # the arms differ in rounding: the test can tell
     clock.calls.clear()
     run_mgk(*mgk_inputs(n=30, seed=1))                           # the same kind (N, S <= 32): no timing again
     assert clock.calls == [fast]
     run_mgk(*mgk_inputs(n=40, seed=1))                           # a longer kind: timed
-    assert clock.calls[1:] == ["triton", "triton", "blocked", "blocked", fast]
+    assert clock.calls[1:] == TRIAL + [fast]
 
 
 def test_the_timing_leaves_the_users_tensors_and_random_numbers_alone(measured, monkeypatch):
@@ -142,7 +148,7 @@ def test_a_later_process_takes_the_cached_choice_and_a_new_version_times_again(m
     monkeypatch.setattr(torch, "__version__", "9.9.9")
     clock.calls = []
     run_mgk(*mgk_inputs())
-    assert clock.calls == ["triton", "triton", "blocked", "blocked", "blocked"]
+    assert clock.calls == TRIAL + ["blocked"]
     assert len(list((measured / "autotune").glob("*.json"))) == 2
 
 
@@ -154,7 +160,7 @@ def test_a_broken_cache_file_is_timed_again_and_rewritten(measured, monkeypatch)
         f.write("{not json")
     with pytest.warns(RuntimeWarning, match="cannot read the timing cache"):
         run_mgk(*mgk_inputs())
-    assert clock.calls[:4] == ["triton", "triton", "blocked", "blocked"]
+    assert clock.calls[:6] == TRIAL
     assert json.load(open(path))["choices"]
 
 
@@ -165,7 +171,7 @@ def test_an_unwritable_cache_folder_keeps_the_choice_for_the_process(measured, m
     clock = mgk_clock(monkeypatch, triton_s=1.0, blocked_s=2.0)
     run_mgk(*mgk_inputs())
     run_mgk(*mgk_inputs())
-    assert clock.calls == ["triton", "triton", "blocked", "blocked", "triton", "triton"]
+    assert clock.calls == TRIAL + ["triton", "triton"]
     assert blocker.read_text() == "a user's file"
 
 
@@ -234,9 +240,10 @@ def test_kernels_that_fail_for_resources_lose_with_one_warning(measured, monkeyp
         warnings.simplefilter("always")
         out = run_mgk(*mgk_inputs())
         run_mgk(*mgk_inputs(n=40))                                  # another kind fails too: no second warning
-    assert [str(w.message) for w in said if "cannot run on this GPU" in str(w.message)] == [
-        f"hf_mgk: the Triton kernels cannot run on this GPU ({OutOfResources(300000, 232448, 'shared memory')}); "
-        "the eager path runs instead"]
+    [warned] = [str(w.message) for w in said if "cannot run on this GPU" in str(w.message)]
+    assert warned.startswith(f"hf_mgk: the Triton kernels cannot run on this GPU (OutOfResources: "
+                             f"{OutOfResources(300000, 232448, 'shared memory')}) on mgk soft float32 B<=2 N<=32")
+    assert warned.endswith("; the eager path runs instead")
     assert torch.equal(out, run_mgk(*mgk_inputs(), backend="blocked"))
     with pytest.raises(OutOfResources):                             # asked for by name: the failure is the user's
         run_mgk(*mgk_inputs(), backend="triton")
@@ -261,7 +268,7 @@ def test_smgk_and_fish_are_timed_with_their_own_kinds(measured, monkeypatch):
     fq, fk = torch.randn(2, 2, 24, 16, generator=g), torch.randn(2, 2, 24, 16, generator=g)
     fv = torch.randn(2, 4, 24, 16, generator=g, requires_grad=True)
     out = fish_attention(fq, fk, fv, mixing, is_causal=True)
-    assert fish.calls == ["triton", "triton", "recomputed", "recomputed", "triton"]
+    assert fish.calls == ["triton", "recomputed", "triton", "triton", "recomputed", "recomputed", "triton"]
     assert all(p.grad is None for p in mixing.parameters()) and fv.grad is None
     assert torch.equal(out, fish_attention(fq, fk, fv, mixing, is_causal=True, backend="triton"))
     assert any(kind.startswith("fish gfish float32 B<=2 N<=32 S<=32 fwd+bwd") for kind in autotune._CHOSEN)
@@ -297,3 +304,160 @@ def test_the_ranks_of_a_real_job_run_one_choice(tmp_path):
              join=True)
     ran = {(tmp_path / "results" / str(r)).read_text() for r in range(2)}
     assert len(ran) == 1 and ran <= {"triton", "blocked"}
+
+
+def _warnings_of(run):
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        result = run()
+    return result, [str(w.message) for w in said if "hf_mgk:" in str(w.message)]
+
+
+def test_a_kernel_arm_that_raises_loses_with_one_warning(measured, monkeypatch):
+    """Any error of the kernels' arm (a compile or launch error, not only resources) makes it lose: the call runs
+    the eager path, one warning for the process names it."""
+    clock = mgk_clock(monkeypatch, triton_s=1.0, blocked_s=2.0)
+
+    def broken(*args, **kwargs):
+        clock.calls.append("triton")
+        raise RuntimeError("PTX .version 8.7 does not support .target sm_120")
+    monkeypatch.setattr(am, "mgk_triton", broken)
+    out, said = _warnings_of(lambda: (run_mgk(*mgk_inputs()), run_mgk(*mgk_inputs(n=40)))[0])
+    assert torch.equal(out, run_mgk(*mgk_inputs(), backend="blocked"))
+    assert len(said) == 1 and said[0].startswith("hf_mgk: the Triton kernels failed (RuntimeError: PTX .version 8.7")
+    assert "mgk soft float32 B<=2 N<=32" in said[0] and said[0].endswith("the eager path runs instead")
+    assert set(autotune._CHOSEN.values()) == {"blocked"}
+
+
+@pytest.mark.parametrize("wrong", ["output", "gradient"])
+def test_kernels_that_disagree_with_the_eager_path_lose_though_faster(measured, monkeypatch, wrong):
+    """The trial compares the arms' outputs and every gradient: kernels off by 1% (float32's tolerance is 0.1%)
+    lose while timed faster, with one warning naming the kind and the error; the choice is cached with the reason."""
+    clock = mgk_clock(monkeypatch, triton_s=1.0, blocked_s=2.0)
+    right = am.mgk_triton
+
+    class Off(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 1.01 if wrong == "output" else x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 1.01 if wrong == "output" else g * 1.02
+
+    monkeypatch.setattr(am, "mgk_triton", lambda *args, **kwargs: Off.apply(right(*args, **kwargs)))
+    q, k, v = mgk_inputs()
+    out, said = _warnings_of(lambda: run_mgk(q, k, v))
+    assert torch.equal(out, run_mgk(q, k, v, backend="blocked"))
+    assert len(said) == 1 and said[0].startswith("hf_mgk: the Triton kernels disagree with the eager path on mgk "
+                                                 "soft float32 B<=2 N<=32")
+    assert "the eager path runs instead" in said[0]
+    times = float(said[0].split("largest error is ")[1].split(" times")[0])
+    assert 5 < times < 30  # 1% or 2% off against 0.1%: the error is measured, not just flagged
+    [entry] = json.loads(next((measured / "autotune").glob("*.json")).read_text())["choices"].values()
+    assert entry["backend"] == "blocked" and entry["reason"].startswith("the kernels disagree")
+    assert clock.calls[:2] == ["triton", "blocked"] and "triton" not in clock.calls[2:]  # not timed
+
+
+def test_noise_and_dropout_are_off_where_the_arms_are_compared(measured, monkeypatch):
+    """The arms draw different dropout masks; the comparison runs both without dropout, so right kernels pass."""
+    mgk_clock(monkeypatch, triton_s=1.0, blocked_s=2.0)
+    _, said = _warnings_of(lambda: run_mgk(*mgk_inputs(), dropout_p=0.5))
+    assert not said and list(autotune._CHOSEN.values()) == ["triton"]
+
+
+def test_when_both_arms_fail_the_eager_path_raises_its_own_error(measured, monkeypatch):
+    clock = mgk_clock(monkeypatch, triton_s=1.0, blocked_s=2.0)
+
+    def broken(name, error):
+        def run(*args, **kwargs):
+            clock.calls.append(name)
+            raise error
+        return run
+    monkeypatch.setattr(am, "mgk_triton", broken("triton", RuntimeError("launch failed")))
+    monkeypatch.setattr(am, "mgk_blocked", broken("blocked", ValueError("the eager path's own error")))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with pytest.raises(ValueError, match="the eager path's own error"):
+            run_mgk(*mgk_inputs())
+    assert [str(w.message) for w in said if "hf_mgk:" in str(w.message)][0].startswith(
+        "hf_mgk: the Triton kernels failed (RuntimeError: launch failed)")
+    assert not autotune._CHOSEN and not (measured / "autotune").exists()  # nothing kept: the next call tries again
+
+
+def test_a_chosen_kind_whose_kernels_fail_later_runs_the_eager_path(measured, monkeypatch):
+    """A later call of a kind that chose the kernels whose launch fails (a new specialisation that does not compile)
+    runs the eager path with one warning, and the kind keeps it; asked for by name, the error is the caller's."""
+    clock = mgk_clock(monkeypatch, triton_s=1.0, blocked_s=2.0)
+    run_mgk(*mgk_inputs())
+    assert list(autotune._CHOSEN.values()) == ["triton"]
+
+    def broken(*args, **kwargs):
+        clock.calls.append("triton")
+        raise RuntimeError("a new specialisation failed to compile")
+    monkeypatch.setattr(am, "mgk_triton", broken)
+    clock.calls.clear()
+    q, k, v = mgk_inputs(n=30, seed=1)                              # the same kind
+    out, said = _warnings_of(lambda: [run_mgk(q, k, v) for _ in range(3)][0])
+    assert torch.equal(out, run_mgk(q, k, v, backend="blocked"))
+    assert clock.calls == ["triton", "blocked", "blocked", "blocked", "blocked"]  # tried once, then eager only
+    assert len(said) == 1 and "a new specialisation failed to compile" in said[0] and "from now on" in said[0]
+    with pytest.raises(RuntimeError, match="a new specialisation failed to compile"):
+        run_mgk(q, k, v, backend="triton")
+
+
+def test_the_kind_holds_the_autocast_state_and_the_matmul_precision(measured, monkeypatch):
+    mgk_clock(monkeypatch, triton_s=1.0, blocked_s=2.0)
+    precision = torch.get_float32_matmul_precision()
+    try:
+        run_mgk(*mgk_inputs())
+        torch.set_float32_matmul_precision("high")
+        run_mgk(*mgk_inputs())
+    finally:
+        torch.set_float32_matmul_precision(precision)
+    kinds = sorted(autotune._CHOSEN)
+    assert len(kinds) == 2 and "autocast=off" in kinds[0]
+    assert {k.split("matmul=")[1].split()[0] for k in kinds} == {precision, "high"}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        run_mgk(*mgk_inputs(grad=False))
+    assert any("autocast=bfloat16" in k for k in autotune._CHOSEN)
+
+
+def test_a_held_choice_this_call_cannot_run_is_not_taken(measured, monkeypatch):
+    """A choice from the cache or another rank names a backend of its own eager rule: where the current call's
+    eager path is another ("recomputed" chosen outside autocast, run under it), it is not taken."""
+    clock = mgk_clock(monkeypatch, triton_s=1.0, blocked_s=2.0)
+    run_mgk(*mgk_inputs())
+    [(kind, _)] = autotune._CHOSEN.items()
+    path, key = autotune.cache_file(torch.device("cpu"))
+    autotune._write(path, key, kind, {"backend": "dense"})        # not this call's eager path
+    autotune._CHOSEN.clear()
+    autotune._FILES.clear()
+    clock.calls = []
+    run_mgk(*mgk_inputs())
+    assert clock.calls == TRIAL + ["triton"]                        # timed again
+
+    store = torch.distributed.HashStore()
+    monkeypatch.setattr(autotune, "_store", lambda: store)
+    store.set(autotune._published(store, kind)[0], "sdpa")          # another rank's eager path
+    autotune._CHOSEN.clear()
+    clock.calls = []
+    run_mgk(*mgk_inputs())
+    assert clock.calls == ["blocked"] and list(autotune._CHOSEN.values()) == ["blocked"]
+
+
+def test_fish_noise_is_off_where_the_arms_are_compared(measured, monkeypatch):
+    """FiSH's arms draw their noise differently (the kernels' Philox, torch's generator): compared without it, right
+    kernels pass and are chosen; the kind still says the call has noise."""
+    fish = FakeClock({"triton": 1.0, "recomputed": 2.0})
+    monkeypatch.setattr(af, "fish_triton", fish.wrap(af, "fish_triton", "triton"))
+    monkeypatch.setattr(af, "fish_recomputed", fish.wrap(af, "fish_recomputed", "recomputed"))
+    monkeypatch.setattr(autotune, "clock", fish)
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(2, 2, 24, 16, generator=g), torch.randn(2, 2, 24, 16, generator=g)
+    v = torch.randn(2, 4, 24, 16, generator=g, requires_grad=True)
+    mixing = torch.randn(2, 4, generator=g, requires_grad=True)
+    sigma = torch.full((2,), 0.5, requires_grad=True)
+    _, said = _warnings_of(lambda: fish_attention(q, k, v, mixing, noise_std=sigma, is_causal=True))
+    assert not said and list(autotune._CHOSEN.values()) == ["triton"]
+    assert "noise=True" in next(iter(autotune._CHOSEN))

@@ -14,10 +14,16 @@ forward and, where gradients are needed, backward, and keeps the faster one:
   attention would wait for them forever;
 * logged once per kind at INFO.
 
-A kernel launch that fails for resources (shared memory, registers: Triton's OutOfResources) on the user's GPU makes
-its arm lose, with one warning, instead of failing the training. HF_MGK_AUTOTUNE=0 turns the timing off: the eager
-path runs. Nothing is timed while tracing or compiling (the kernels are refused there anyway) or while a CUDA graph
-is being captured (the eager path runs, unrecorded).
+The kernels were never run on most GPUs they meet, so the trial also verifies them: before timing, each arm runs the
+call once with its random parts off (no noise, no dropout: the deterministic function both arms compute), and the
+kernels' output and every gradient must agree with the eager path's within the dtype's tolerance (`TOLERANCES`).
+Kernels that disagree, or whose arm raises anything (a compile or launch error, Triton's OutOfResources), lose,
+with one warning naming the kind and the error; if both arms fail, the eager path runs and raises its own error, as
+it would without the kernels. A later call of a kind that chose the kernels whose launch fails (a new
+specialisation that does not compile) runs the eager path instead, with one warning, and the kind keeps the eager
+path from then on (`fall_back`). HF_MGK_AUTOTUNE=0 turns the timing off: the eager path runs. Nothing is timed while
+tracing or compiling (the kernels are refused there anyway) or while a CUDA graph is being captured (the eager path
+runs, unrecorded).
 
 Lengths and the batch are rounded up to a power of two in a kind, so that dynamic padding does not time every new
 length; the timing runs at the first call's own shape.
@@ -37,7 +43,8 @@ import torch
 
 from .attention_triton import env_switch, triton
 
-__all__ = ["CACHE_ENV", "choose", "kind_of", "measured_here", "switched_on", "timed", "trial"]
+__all__ = ["CACHE_ENV", "TOLERANCES", "choose", "disagreement", "fall_back", "kind_of", "measured_here",
+           "switched_on", "timed", "trial"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +54,12 @@ MEASURED_DEVICES = ("cuda",)
 # Timed runs per arm after one warm-up run (which compiles the kernels); the fastest counts.
 REPEATS = 3
 clock = time.perf_counter  # replaced by a fake clock in the tests
+
+# The largest difference the kernels' output and gradients may have from the eager path's, relative to the largest
+# magnitude of the output, or of all the gradients (a gradient that is exactly 0, such as a bias a softmax ignores,
+# comes out as rounding of the size of the others), by the call's dtype: a few times each precision's error of an
+# attention call in either path (the kernels' tests measure them against float64).
+TOLERANCES = {torch.float32: 1e-3, torch.bfloat16: 6e-2, torch.float16: 1e-2}
 
 _CHOSEN = {}          # kind text -> backend, for this process
 _FILES = {}           # cache file path -> its choices, read once
@@ -168,28 +181,59 @@ def _resource_failure(error):
     return type(error).__name__ == "OutOfResources" or "out of resource" in str(error).lower()
 
 
+def _lost(kind, name, error):
+    """An arm that raised: the kernels' arm loses, with one warning (any error: resources, a compile or launch
+    error, ...), and so does the eager arm that ran out of GPU memory. None where the error is the eager path's own:
+    the caller runs the eager path, which raises it."""
+    if name == "triton":
+        what = "cannot run on this GPU" if _resource_failure(error) else "failed"
+        _warn_once(("triton", what, type(error).__name__),
+                   f"hf_mgk: the Triton kernels {what} ({type(error).__name__}: {error}) on {kind}; the eager path "
+                   "runs instead")
+        return True
+    if isinstance(error, torch.cuda.OutOfMemoryError):
+        torch.cuda.empty_cache()
+        return True
+    return None
+
+
 def _time(run, name, device):
-    """The fastest of REPEATS runs of arm `name` after a warm-up (seconds); inf where its launch fails for
-    resources (one warning) or, for the eager arm, memory."""
-    try:
+    """The fastest of REPEATS runs of arm `name` after a warm-up (seconds)."""
+    run(name)
+    _sync(device)
+    best = float("inf")
+    for _ in range(REPEATS):
+        start = clock()
         run(name)
         _sync(device)
-        best = float("inf")
-        for _ in range(REPEATS):
-            start = clock()
-            run(name)
-            _sync(device)
-            best = min(best, clock() - start)
-        return best
-    except Exception as error:  # noqa: BLE001 - only the failures below make an arm lose; the rest propagate
-        if name == "triton" and _resource_failure(error):
-            _warn_once(("resources", name), f"hf_mgk: the Triton kernels cannot run on this GPU ({error}); the "
-                       "eager path runs instead")
-            return float("inf")
-        if isinstance(error, torch.cuda.OutOfMemoryError):
-            torch.cuda.empty_cache()
-            return float("inf")
-        raise
+        best = min(best, clock() - start)
+    return best
+
+
+def disagreement(got, want, dtype):
+    """How far `got` (the kernels' (output, gradients)) is from `want` (the eager path's), as a multiple of
+    TOLERANCES[dtype]: the largest difference of the output relative to the output's largest magnitude, and of each
+    gradient relative to the largest magnitude of all gradients; NaN where only one side has it counts as infinite.
+    At most 1: they agree."""
+    def worst(pairs):
+        scale = max((w.detach().abs().nan_to_num(0.0).max().item() for _, w in pairs
+                     if w is not None and w.numel()), default=0.0)
+        largest = 0.0
+        for g, w in pairs:
+            if g is None or w is None:
+                if g is not w:
+                    return float("inf")
+                continue
+            g, w = g.detach().double(), w.detach().double()
+            both = torch.isnan(g) & torch.isnan(w)
+            diff = torch.where(both, torch.zeros_like(g), (g - w).abs()).nan_to_num(float("inf"))
+            largest = max(largest, diff.max().item() if diff.numel() else 0.0)
+        return largest / (max(scale, 1e-30) * TOLERANCES.get(dtype, TOLERANCES[torch.float32]))
+
+    (out, grads), (ref, ref_grads) = got, want
+    if len(grads) != len(ref_grads):
+        return float("inf")
+    return max(worst([(out, ref)]), worst(list(zip(grads, ref_grads))))
 
 
 def _store():
@@ -210,14 +254,50 @@ def _published(store, kind):
     return key, store.get(key).decode()
 
 
-def choose(kind, eager, run, device):
+def _decide(kind, eager, run, device, dtype):
+    """(backend, cache entry) for a kind timed here: each arm verified on the call's deterministic part, then timed
+    (module docstring). The entry is None where the eager path itself failed: the call runs it, which raises, and
+    nothing is kept for the kind."""
+    checked = {}
+    for name in ("triton", eager):
+        try:
+            checked[name] = run(name, exact=True)
+        except Exception as error:  # noqa: BLE001 - which arm failed decides: see _lost
+            if not _lost(kind, name, error):
+                return eager, None
+    if eager not in checked:  # out of memory: the kernels run, verified against nothing
+        return "triton", {"backend": "triton", "reason": "the eager path ran out of memory"}
+    if "triton" not in checked:
+        return eager, {"backend": eager, "reason": "the kernels failed"}
+    off = disagreement(checked["triton"], checked[eager], dtype)
+    if not off <= 1.0:
+        _warn_once(("disagree", kind), f"hf_mgk: the Triton kernels disagree with the eager path on {kind}: their "
+                   f"largest error is {off:.3g} times the {str(dtype).replace('torch.', '')} tolerance; the eager "
+                   "path runs instead")
+        return eager, {"backend": eager, "reason": f"the kernels disagree ({off:.3g} x the tolerance)"}
+    seconds = {}
+    for name in ("triton", eager):
+        try:
+            seconds[name] = _time(run, name, device)
+        except Exception as error:  # noqa: BLE001
+            if not _lost(kind, name, error):
+                return eager, None
+            seconds[name] = float("inf")
+    best = min(seconds, key=lambda name: (seconds[name], name != eager))  # both lost: the eager path
+    return best, {"backend": best, "seconds": {name: (t if t != float("inf") else None)
+                                               for name, t in seconds.items()}, "agreement": round(off, 4)}
+
+
+def choose(kind, eager, run, device, dtype=None):
     """The backend a call of `kind` runs on `device` with backend="auto", where the Triton kernels can run it:
-    "triton" or `eager` (the eager path's backend name). run(name) runs the call once on backend `name` (`trial`).
-    Module docstring: the timing, the cache, the ranks' agreement, the off switch."""
+    "triton" or `eager` (the eager path's backend name). run(name, exact) runs the call once on backend `name`
+    (`trial`), exact: with its random parts off. A choice held for the kind (by this process, the cache file or
+    another rank) is taken only where it is one of the two this call can run. Module docstring: the verification,
+    the timing, the cache, the ranks' agreement, the off switch."""
     if not switched_on():
         return eager
     kind = f"{kind} on {_device_name(device)}"
-    if kind in _CHOSEN:
+    if _CHOSEN.get(kind) in ("triton", eager):
         return _CHOSEN[kind]
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return eager  # nothing may be timed (or synchronised) inside a CUDA graph's capture
@@ -229,48 +309,94 @@ def choose(kind, eager, run, device):
         entry = _read(path, key).get(kind)
         how = f"the timing cache {path}"
         if entry is None or entry.get("backend") not in ("triton", eager):
-            seconds = {name: _time(run, name, device) for name in ("triton", eager)}
-            best = min(seconds, key=seconds.get)
-            entry = {"backend": best, "seconds": {name: (t if t != float("inf") else None)
-                                                  for name, t in seconds.items()}}
+            choice, entry = _decide(kind, eager, run, device, dtype)
+            if entry is None:
+                return choice
             _write(path, key, kind, entry)
-            how = "timing " + ", ".join(f"{name} {t * 1e3:.3g} ms" for name, t in seconds.items())
+            how = entry.get("reason") or "timing " + ", ".join(
+                f"{name} {t * 1e3:.3g} ms" if t is not None else f"{name} failed"
+                for name, t in entry["seconds"].items())
         choice = entry["backend"]
         if store is not None:  # the first rank to publish wins; every rank takes what it published
             choice = store.compare_set(store_key, "", choice).decode()
+    if choice not in ("triton", eager):  # another rank's eager path, which this call cannot run
+        how, choice = f"{how} ({choice!r}, which cannot run this call here)", eager
     _CHOSEN[kind] = choice
     logger.info("hf_mgk: backend='auto' runs %r for %s, from %s (said once per kind)", choice, kind, how)
     return choice
 
 
+def fall_back(measured, error):
+    """The eager backend a call runs after the kernels `measured` chose (`timed`) raised `error` at launch (a new
+    specialisation of a chosen kind that does not compile, ...): one warning, and the kind keeps the eager path for
+    the rest of the process. An error of kernels asked for by name, not chosen by `auto`, is the caller's: raised."""
+    if measured is None or measured.chosen != "triton":
+        raise error
+    _CHOSEN[measured.kind] = measured.eager
+    _warn_once(("fallback", measured.kind), f"hf_mgk: the Triton kernels failed ({type(error).__name__}: {error}) "
+               f"on {measured.kind}; the eager path runs it from now on")
+    return measured.eager
+
+
 def trial(call, tensors, grads, device, modules=()):
-    """A `run` for `choose`: run(name) calls call(name, *inputs) once, on `tensors` detached (leaves that require
-    grad as the originals do: the user's graph is not touched) and, with `grads`, takes the gradients of every input
-    and of `modules`' parameters that require one (torch.autograd.grad: nothing accumulates in a .grad). Under a
-    forked random state, so timing does not move the user's random numbers (dropout, noise)."""
-    def run(name):
+    """A `run` for `choose`: run(name, exact) calls call(name, *inputs, exact=exact) once, on `tensors` detached
+    (leaves that require grad as the originals do: the user's graph is not touched) and, with `grads`, takes the
+    gradients of every input and of `modules`' parameters that require one (torch.autograd.grad, for a fixed random
+    cotangent: nothing accumulates in a .grad). Returns (output, gradients). Under a forked random state, so the
+    trial does not move the user's random numbers (dropout, noise)."""
+    def run(name, exact=False):
         inputs = [t.detach().requires_grad_(t.requires_grad) if isinstance(t, torch.Tensor) else t for t in tensors]
         devices = [device.index if device.index is not None else torch.cuda.current_device()] \
             if device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
-            out = call(name, *inputs)
+            out = call(name, *inputs, exact=exact)
+            found = ()
             if grads:
                 wrt = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
                 wrt += [p for m in modules for p in m.parameters() if p.requires_grad]
-                torch.autograd.grad(out, wrt, torch.ones_like(out), allow_unused=True)
-        return out
+                cotangent = torch.randn(out.shape, generator=torch.Generator().manual_seed(0)).to(
+                    out.device, out.dtype)  # both arms differentiate the same one
+                found = torch.autograd.grad(out, wrt, cotangent, allow_unused=True)
+        return out, found
     return run
 
 
-def timed(family, call, tensors, device, modules=(), **kind):
-    """What `attention_blocks.resolve_backend` calls where backend="auto" may time the kernels: a function of the
-    eager backend's name that returns `choose`'s answer for this call. call(name, *tensors) runs it on backend
-    `name`; `kind`: kind_of's dtype, batch, lengths, sizes and facts. Gradients are timed where autograd records the
-    call (an input or a module parameter that requires grad, grad mode on)."""
-    def measured(eager):
-        params = [p for m in modules for p in m.parameters()]
+class Measured:
+    """What `attention_blocks.resolve_backend` calls where backend="auto" may time the kernels: measured(eager)
+    returns `choose`'s answer for this call (eager: the eager backend's name) and remembers it (`kind`, `eager`,
+    `chosen`) for `fall_back`."""
+
+    def __init__(self, family, call, tensors, device, modules, kind):
+        self.family, self.call, self.tensors, self.device, self.modules, self.facts = (
+            family, call, tensors, device, modules, kind)
+        self.kind = self.eager = self.chosen = None
+
+    def __call__(self, eager):
+        params = [p for m in self.modules for p in m.parameters()]
         grads = torch.is_grad_enabled() and any(
-            t.requires_grad for t in (*tensors, *params) if isinstance(t, torch.Tensor))
-        return choose(kind_of(family, grads=grads, **kind), eager, trial(call, tensors, grads, device, modules),
-                      device)
-    return measured
+            t.requires_grad for t in (*self.tensors, *params) if isinstance(t, torch.Tensor))
+        dtype = self.facts["dtype"]
+        kind = kind_of(self.family, grads=grads, **self.facts, autocast=_autocast_state(self.device.type),
+                       matmul=torch.get_float32_matmul_precision())
+        self.eager, self.kind = eager, f"{kind} on {_device_name(self.device)}"
+        self.chosen = choose(kind, eager, trial(self.call, self.tensors, grads, self.device, self.modules),
+                             self.device, dtype)
+        return self.chosen
+
+
+def _autocast_state(device_type):
+    """"off", or the dtype autocast runs this device type's matmuls in."""
+    try:
+        if torch.is_autocast_enabled(device_type):
+            return str(torch.get_autocast_dtype(device_type)).replace("torch.", "")
+    except (RuntimeError, AttributeError):  # a device type autocast does not know
+        pass
+    return "off"
+
+
+def timed(family, call, tensors, device, modules=(), **kind):
+    """The `Measured` of a call: call(name, *tensors, exact) runs it on backend `name` (exact: its noise and dropout
+    off); `kind`: kind_of's dtype, batch, lengths, sizes and facts, to which the autocast state and
+    torch.get_float32_matmul_precision() are added. Gradients are timed and compared where autograd records the call
+    (an input or a module parameter that requires grad, grad mode on)."""
+    return Measured(family, call, tensors, device, modules, kind)

@@ -9,6 +9,7 @@ import logging
 import torch
 
 from .attention_autotune import measured_here
+from .attention_triton import platform_refusal
 
 __all__ = ["RETIRED_BACKENDS", "autocast_enabled", "records_grad", "resolve_backend", "row_blocks"]
 
@@ -84,8 +85,10 @@ def resolve_backend(backend, auto, refusals, device_type=None, timed=None):
         why = refusals.get("triton")
         if timed is not None and why is None and measured_here(device_type):
             return timed()
-        if (device_type == "cuda" and auto != "triton" and why is not None and not why.startswith("triton is not")
-                and not torch.compiler.is_compiling()):
+        # what refuses the kernels in the whole process (not installed, too old, ROCm, switched off) is said once
+        # by attention_triton.available, or not at all
+        if (device_type == "cuda" and auto != "triton" and why is not None and why != platform_refusal()
+                and not why.startswith("HF_MGK_TRITON=0") and not torch.compiler.is_compiling()):
             _say_fallback(why, auto)
         return auto
     allowed = ", ".join(repr(name) for name in ("auto", *refusals))

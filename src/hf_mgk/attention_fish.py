@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention_autotune import timed
+from .attention_autotune import fall_back, timed
 from .attention_blocks import autocast_enabled, records_grad, resolve_backend, row_blocks
 from .attention_fish_recomputed import RecomputedFiSH, mix
 from .attention_fish_triton import MAX_GLOBAL_HEADS, counters, fish_triton
@@ -179,13 +179,16 @@ def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, att
                  requires_grad=_requires_grad(query, key, value, mixing, noise_std), tracing=is_tracing(),
                  mask=mask_kind(attention_mask), triton=triton_available(), head_size=max(D, Dv), num_global=M,
                  counter=counters(M, N, S, kind == "gfish", noise_std is not None))
+    measured = _timed(query, key, value, mixing, scale, noise_std, attention_mask, is_causal, dropout_p, block_rows,
+                      keep_bytes, kind)
     backend = resolve_backend(backend, choose_backend(**facts), _refusals(**facts), device_type=query.device.type,
-                              timed=lambda: _timed(query, key, value, mixing, scale, noise_std, attention_mask,
-                                                   is_causal, dropout_p, block_rows, keep_bytes, kind)(
-                                  choose_backend(**{**facts, "triton": False})))
+                              timed=lambda: measured(choose_backend(**{**facts, "triton": False})))
     if backend == "triton":
-        return fish_triton(query, key, value, mixing, scale, noise_std, attention_mask, is_causal, dropout_p,
-                           generator)
+        try:
+            return fish_triton(query, key, value, mixing, scale, noise_std, attention_mask, is_causal, dropout_p,
+                               generator)
+        except Exception as error:  # noqa: BLE001 - a chosen kind's new launch failing: fall_back says, or raises
+            backend = fall_back(measured, error)
     if backend == "fused":
         return _fused_attention(query, key, value, mixing, scale, attention_mask, is_causal)
     eps = _draw_noise(query, mixing, noise_std, H, S, is_causal, generator, block_rows)
@@ -199,11 +202,13 @@ def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, att
 
 def _timed(query, key, value, mixing, scale, noise_std, attention_mask, is_causal, dropout_p, block_rows,
            keep_bytes, kind):
-    """attention_autotune.timed for a fish_attention call: its kind, and how to run it on a named backend (the
-    noise from torch's generator: the user's `generator` is not advanced by the timing)."""
-    def call(name, q, k, v, p, sigma, mask):
-        return fish_attention(q, k, v, p, scale=scale, noise_std=sigma, attention_mask=mask, is_causal=is_causal,
-                              dropout_p=dropout_p, backend=name, block_rows=block_rows, keep_bytes=keep_bytes)
+    """attention_autotune.timed's `Measured` for a fish_attention call: its kind, and how to run it on a named
+    backend (the noise from torch's generator: the user's `generator` is not advanced by the trial; exact: without
+    noise or dropout)."""
+    def call(name, q, k, v, p, sigma, mask, exact=False):
+        return fish_attention(q, k, v, p, scale=scale, noise_std=None if exact else sigma, attention_mask=mask,
+                              is_causal=is_causal, dropout_p=0.0 if exact else dropout_p, backend=name,
+                              block_rows=block_rows, keep_bytes=keep_bytes)
     module = isinstance(mixing, nn.Module)
     b, m, n, d = query.shape
     h, s, dv = value.shape[1:]

@@ -29,7 +29,7 @@ N queries, S keys, D head size, Dv value size.
 import torch
 import torch.nn.functional as F
 
-from .attention_autotune import timed
+from .attention_autotune import fall_back, timed
 from .attention_blocks import autocast_enabled, records_grad, resolve_backend
 from .attention_mgk_blocked import BLOCK_ROWS, KEEP_BYTES, MIN_ROW_SUM, mgk_blocked
 from .attention_mgk_triton import mgk_triton
@@ -140,23 +140,21 @@ def _backend(backend, query, value, variances, attention_mask, e_step, return_we
 
 def _timed(function, query, keys, key_shift, value, variances, log_prior, e_step, attention_mask, is_causal,
            dropout_p):
-    """attention_autotune.timed's function for an MGK (key_shift None) or sMGK call of `function`: the call's kind,
-    and how to run it on a named backend, formed only when resolve_backend asks (on a GPU where the kernels can run
-    the call), not on every call."""
-    def call(name, q, k, shift, v, prior, mask):
+    """attention_autotune.timed's `Measured` for an MGK (key_shift None) or sMGK call of `function`: the call's
+    kind, and how to run it on a named backend (exact: without dropout), asked only where resolve_backend times the
+    kernels (on a GPU where they can run the call)."""
+    def call(name, q, k, shift, v, prior, mask, exact=False):
         args = (q, k, v) if shift is None else (q, k, shift, v)
         return function(*args, variances=variances, log_prior=prior, e_step=e_step, attention_mask=mask,
-                        is_causal=is_causal, dropout_p=dropout_p, backend=name)
+                        is_causal=is_causal, dropout_p=0.0 if exact else dropout_p, backend=name)
 
-    def measured(eager):
-        b, h, n, d = query.shape
-        s, dv = value.shape[2:]
-        m = keys.shape[2] if key_shift is None else key_shift.shape[1]
-        family = ("mgk " if key_shift is None else "smgk ") + e_step
-        return timed(family, call, (query, keys, key_shift, value, log_prior, attention_mask), query.device,
-                     dtype=query.dtype, batch=b, lengths=(n, s), H=h, M=m, D=d, Dv=dv, mask=mask_kind(attention_mask),
-                     causal=bool(is_causal), dropout=dropout_p > 0, prior=log_prior is not None)(eager)
-    return measured
+    b, h, n, d = query.shape
+    s, dv = value.shape[2:]
+    m = keys.shape[2] if key_shift is None else key_shift.shape[1]
+    family = ("mgk " if key_shift is None else "smgk ") + e_step
+    return timed(family, call, (query, keys, key_shift, value, log_prior, attention_mask), query.device,
+                 dtype=query.dtype, batch=b, lengths=(n, s), H=h, M=m, D=d, Dv=dv, mask=mask_kind(attention_mask),
+                 causal=bool(is_causal), dropout=dropout_p > 0, prior=log_prior is not None)
 
 
 def _as_variances(variances, like: torch.Tensor, num_keys: int) -> torch.Tensor:
@@ -269,12 +267,16 @@ def mgk_attention(query, keys, value, *, variances, log_prior=None, e_step="soft
     _check_e_step(e_step)
     _check_shapes(query, keys, value)
     var = _as_variances(variances, query, keys.shape[2])
+    measured = _timed(mgk_attention, query, keys, None, value, variances, log_prior, e_step, attention_mask,
+                      is_causal, dropout_p)
     backend = _backend(backend, query, value, variances, attention_mask, e_step, return_weights, dropout_p,
-                       _timed(mgk_attention, query, keys, None, value, variances, log_prior, e_step, attention_mask,
-                              is_causal, dropout_p), (keys, log_prior))
+                       measured, (keys, log_prior))
     if backend == "triton":
-        return mgk_triton(query, keys, None, value, variances, log_prior, e_step, attention_mask, is_causal,
-                          dropout_p)
+        try:
+            return mgk_triton(query, keys, None, value, variances, log_prior, e_step, attention_mask, is_causal,
+                              dropout_p)
+        except Exception as error:  # noqa: BLE001 - a chosen kind's new launch failing: fall_back says, or raises
+            backend = fall_back(measured, error)
     if backend == "blocked":
         return mgk_blocked(query, keys, None, value, var, log_prior, e_step, attention_mask, is_causal, dropout_p,
                             block_rows, keep_bytes, min_row_sum)
@@ -299,12 +301,16 @@ def smgk_attention(query, key, key_shift, value, *, variances, log_prior=None, e
     _check_e_step(e_step)
     _check_shapes(query, key[:, :, None].expand(-1, -1, key_shift.shape[1], -1, -1), value)  # shapes only (a view)
     var = _as_variances(variances, query, key_shift.shape[1])
+    measured = _timed(smgk_attention, query, key, key_shift, value, variances, log_prior, e_step, attention_mask,
+                      is_causal, dropout_p)
     backend = _backend(backend, query, value, variances, attention_mask, e_step, return_weights, dropout_p,
-                       _timed(smgk_attention, query, key, key_shift, value, variances, log_prior, e_step,
-                              attention_mask, is_causal, dropout_p), (key, key_shift, log_prior))
+                       measured, (key, key_shift, log_prior))
     if backend == "triton":
-        return mgk_triton(query, key, key_shift, value, variances, log_prior, e_step, attention_mask, is_causal,
-                          dropout_p)
+        try:
+            return mgk_triton(query, key, key_shift, value, variances, log_prior, e_step, attention_mask, is_causal,
+                              dropout_p)
+        except Exception as error:  # noqa: BLE001 - a chosen kind's new launch failing: fall_back says, or raises
+            backend = fall_back(measured, error)
     if backend == "blocked":
         return mgk_blocked(query, key, key_shift, value, var, log_prior, e_step, attention_mask, is_causal,
                             dropout_p, block_rows, keep_bytes, min_row_sum)
