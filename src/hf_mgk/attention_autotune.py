@@ -263,6 +263,8 @@ def _decide(kind, eager, run, device, dtype):
         try:
             checked[name] = run(name, exact=True)
         except Exception as error:  # noqa: BLE001 - which arm failed decides: see _lost
+            if _control_flow(error):
+                raise
             if not _lost(kind, name, error):
                 return eager, None
     if eager not in checked:  # out of memory: the kernels run, verified against nothing
@@ -280,6 +282,8 @@ def _decide(kind, eager, run, device, dtype):
         try:
             seconds[name] = _time(run, name, device)
         except Exception as error:  # noqa: BLE001
+            if _control_flow(error):
+                raise
             if not _lost(kind, name, error):
                 return eager, None
             seconds[name] = float("inf")
@@ -326,11 +330,18 @@ def choose(kind, eager, run, device, dtype=None):
     return choice
 
 
+def _control_flow(error):
+    """Whether `error` is torch's way of steering the call rather than a failure: activation checkpointing stops a
+    recomputation (non-reentrant) by raising from inside the forward once it has the tensors it needs."""
+    return type(error).__module__.startswith("torch.utils.checkpoint")
+
+
 def fall_back(measured, error):
     """The eager backend a call runs after the kernels `measured` chose (`timed`) raised `error` at launch (a new
     specialisation of a chosen kind that does not compile, ...): one warning, and the kind keeps the eager path for
-    the rest of the process. An error of kernels asked for by name, not chosen by `auto`, is the caller's: raised."""
-    if measured is None or measured.chosen != "triton":
+    the rest of the process. An error of kernels asked for by name, not chosen by `auto`, is the caller's, and
+    torch's control flow (`_control_flow`) is not an error: both raised."""
+    if measured is None or measured.chosen != "triton" or _control_flow(error):
         raise error
     _CHOSEN[measured.kind] = measured.eager
     _warn_once(("fallback", measured.kind), f"hf_mgk: the Triton kernels failed ({type(error).__name__}: {error}) "
@@ -348,7 +359,10 @@ def trial(call, tensors, grads, device, modules=()):
         inputs = [t.detach().requires_grad_(t.requires_grad) if isinstance(t, torch.Tensor) else t for t in tensors]
         devices = [device.index if device.index is not None else torch.cuda.current_device()] \
             if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
+        # Saved-tensor hooks of its own: inside activation checkpointing (non-reentrant: transformers'
+        # gradient_checkpointing) the checkpoint's hooks would count the trial's tensors as the layer's and stop or
+        # fail its recomputation; only the innermost hooks apply.
+        with torch.random.fork_rng(devices=devices), torch.autograd.graph.saved_tensors_hooks(_same, _same):
             out = call(name, *inputs, exact=exact)
             found = ()
             if grads:
@@ -359,6 +373,10 @@ def trial(call, tensors, grads, device, modules=()):
                 found = torch.autograd.grad(out, wrt, cotangent, allow_unused=True)
         return out, found
     return run
+
+
+def _same(tensor):
+    return tensor
 
 
 class Measured:
@@ -375,8 +393,9 @@ class Measured:
         params = [p for m in self.modules for p in m.parameters()]
         grads = torch.is_grad_enabled() and any(
             t.requires_grad for t in (*self.tensors, *params) if isinstance(t, torch.Tensor))
-        dtype = self.facts["dtype"]
-        kind = kind_of(self.family, grads=grads, **self.facts, autocast=_autocast_state(self.device.type),
+        autocast = _autocast_state(self.device.type)
+        dtype = getattr(torch, autocast) if autocast != "off" else self.facts["dtype"]  # what the arms compute in
+        kind = kind_of(self.family, grads=grads, **self.facts, autocast=autocast,
                        matmul=torch.get_float32_matmul_precision())
         self.eager, self.kind = eager, f"{kind} on {_device_name(self.device)}"
         self.chosen = choose(kind, eager, trial(self.call, self.tensors, grads, self.device, self.modules),
