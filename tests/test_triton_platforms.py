@@ -1,6 +1,7 @@
 """Where the Triton kernels were never built to run, they are refused, so backend="auto" keeps the torch paths and
 backend="triton" is a ValueError that says why: a Triton older than the kernels compile with, a ROCm build of
-torch, a GPU below compute capability 8.0."""
+torch, a GPU below compute capability 8.0, a CUDA graph's capture. And their random draws' seeds come from the
+generator of the tensors' device, with no host sync."""
 
 import logging
 import types
@@ -72,3 +73,57 @@ def test_without_a_cuda_device_the_rule_reads_no_capability():
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present")
     assert at.capability() is None and at.refusal("cuda", 64) is None
+
+
+def test_inside_a_cuda_graph_capture_the_kernels_are_refused(monkeypatch):
+    """Their draws' seed is a host integer a capture would freeze into every replay: refused while capturing, so
+    auto takes the torch path even where the kind chose the kernels, and backend="triton" says why."""
+    monkeypatch.setattr(at, "capturing", lambda device_type: device_type == "cuda")
+    why = at.refusal("cuda", 64)
+    assert why.startswith("a CUDA graph's capture")
+    assert mgk_choice(**MGK_CALL, triton=True) != "triton" and fish_choice(**FISH_CALL, triton=True) != "triton"
+    refusals = am._refusals(**MGK_CALL, triton=True)
+    from hf_mgk.attention_blocks import resolve_backend
+    assert resolve_backend("auto", mgk_choice(**MGK_CALL, triton=True), refusals, device_type="cuda",
+                           timed=lambda: "triton") != "triton"  # a cached "triton" is not asked for
+    with pytest.raises(ValueError, match="cannot run this call: a CUDA graph's capture"):
+        resolve_backend("triton", "sdpa", refusals, device_type="cuda")
+
+
+class _CudaGenerator:
+    """A CUDA generator's host-side state as torch keeps it: a seed and a Philox offset."""
+
+    device = torch.device("cuda", 0)
+
+    def __init__(self, seed, offset=0):
+        self.seed, self.offset = seed, offset
+
+    def initial_seed(self):
+        return self.seed
+
+    def get_offset(self):
+        return self.offset
+
+    def set_offset(self, offset):
+        self.offset = offset
+
+
+def test_seeds_come_from_the_devices_generator_without_gpu_work(monkeypatch):
+    """A CUDA generator's seed and offset make the seed on the host (no tensor, so no sync), and the offset
+    advances: a seeded run repeats, the next call draws anew, another seed differs."""
+    monkeypatch.setattr(torch, "randint", lambda *a, **k: pytest.fail("a tensor was drawn"))
+    gen = _CudaGenerator(1234)
+    first, second = at.draw_seed(gen.device, gen), at.draw_seed(gen.device, gen)
+    assert gen.offset == 8 and first != second
+    assert at.draw_seed(gen.device, _CudaGenerator(1234)) == first       # the same seed repeats the run
+    assert at.draw_seed(gen.device, _CudaGenerator(1235)) != first
+    seeds = {at.draw_seed(gen.device, gen) for _ in range(1000)}
+    assert len(seeds) == 1000 and all(0 <= s < at.SEED_BOUND for s in seeds)
+
+
+def test_seeds_of_cpu_tensors_come_from_torchs_generator():
+    torch.manual_seed(3)
+    first = at.draw_seed(torch.device("cpu"))
+    torch.manual_seed(3)
+    assert at.draw_seed(torch.device("cpu")) == first and 0 <= first < at.SEED_BOUND
+    assert at.draw_seed(torch.device("cpu"), torch.Generator().manual_seed(3)) == first

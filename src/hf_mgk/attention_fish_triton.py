@@ -47,7 +47,7 @@ import).
 import torch
 from torch import nn
 
-from .attention_triton import fitted, precision, shape_class, shared_memory, tl, triton, tuned_blocks
+from .attention_triton import draw_seed, fitted, precision, shape_class, shared_memory, tl, triton, tuned_blocks
 
 __all__ = ["MAX_GLOBAL_HEADS", "block_sizes", "counters", "fish_triton", "kernel_noise", "noise_seed"]
 
@@ -79,9 +79,9 @@ def block_sizes(device_type, num_global, head_size, value_size, dtype=torch.bflo
 
 
 def noise_seed(generator, device):
-    """The seed of a call's noise, one draw from `generator` (or torch's default generator for `device`)."""
-    gen_device = generator.device if generator is not None else "cpu"
-    return int(torch.randint(0, 2**31 - 2**20, (), generator=generator, device=gen_device))
+    """The seed of a call's noise: attention_triton.draw_seed from `generator`, or the default generator of
+    `device`."""
+    return draw_seed(torch.device(device), generator)
 
 
 def kv_rows(block_m, network=False):
@@ -369,8 +369,8 @@ def fish_triton(query, key, value, mixing, scale, noise_std, attention_mask, is_
         dtype = torch.get_autocast_dtype(query.device.type)
     network = isinstance(mixing, nn.Module)
     nseed = noise_seed(generator, query.device) if noise_std is not None else 0
-    # dropout drawn in the kernels from one seed of torch's global generator (a seeded run repeats)
-    seed = int(torch.randint(0, 2**31 - 2**20, (), device="cpu")) if dropout_p > 0 else 0
+    # dropout drawn in the kernels from one seed of the device's generator (a seeded run repeats)
+    seed = draw_seed(query.device) if dropout_p > 0 else 0
     with torch.autocast(query.device.type, enabled=False):
         w = std = sigma = w1 = b1 = w2 = b2 = None
         if network:

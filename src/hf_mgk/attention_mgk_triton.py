@@ -39,8 +39,8 @@ import math
 
 import torch
 
-from .attention_triton import (LOG2E, MAX_HEAD_SIZE, available, precision, refusal, shape_class, tl, triton,
-                               tuned_blocks)
+from .attention_triton import (LOG2E, MAX_HEAD_SIZE, available, draw_seed, precision, refusal, shape_class, tl,
+                               triton, tuned_blocks)
 
 if triton is not None:
     from .attention_triton import dot as _dot
@@ -568,8 +568,8 @@ def mgk_triton(query, keys, key_shift, value, variances, log_prior, e_step, atte
     dtype = query.dtype
     if dtype == torch.float32 and torch.is_autocast_enabled(query.device.type):  # as autocast runs matmuls
         dtype = torch.get_autocast_dtype(query.device.type)
-    # dropout on a_ij, drawn in the kernels from one seed of torch's global generator (a seeded run repeats)
-    seed = int(torch.randint(0, 2**31 - 2**20, (), device="cpu")) if dropout_p > 0 else 0
+    # dropout on a_ij, drawn in the kernels from one seed of the device's generator (a seeded run repeats)
+    seed = draw_seed(query.device) if dropout_p > 0 else 0
     if isinstance(variances, torch.Tensor):
         variances = variances.detach().double().reshape(-1).tolist()
     inv_var = [1.0 / float(v) for v in variances]

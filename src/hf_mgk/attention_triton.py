@@ -23,9 +23,9 @@ except ImportError:  # no Triton: `available()` is False and the torch backends 
     triton = None
     tl = None
 
-__all__ = ["LN2", "LOG2E", "MAX_COUNTER", "MAX_HEAD_SIZE", "MIN_CAPABILITY", "MIN_TRITON", "available", "capability",
-           "env_switch", "fitted", "interpreting", "platform_refusal", "precision", "refusal", "shape_class",
-           "shared_memory", "switched_on", "tuned_blocks"]
+__all__ = ["LN2", "LOG2E", "MAX_COUNTER", "MAX_HEAD_SIZE", "MIN_CAPABILITY", "MIN_TRITON", "SEED_BOUND", "available",
+           "capability", "capturing", "draw_seed", "env_switch", "fitted", "interpreting", "platform_refusal",
+           "precision", "refusal", "shape_class", "shared_memory", "switched_on", "tuned_blocks"]
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +101,37 @@ def available():
     return why is None
 
 
+# Seeds of the kernels' draws stay below this: the dropout mask keys its Philox calls at 2^31 + batch x head, above
+# every seed (attention_triton.keep).
+SEED_BOUND = 2**31 - 2**20
+
+
+def draw_seed(device, generator=None):
+    """One seed for a call's draws (a dropout mask, FiSH's noise), from `generator`, else the default generator of
+    `device` (a CUDA tensor's GPU, as the eager paths draw theirs; torch's CPU generator for CPU tensors), so a
+    seeded run repeats whichever path `auto` chose. A CUDA generator's state is kept on the host (its seed and
+    Philox offset): the seed is formed from them and the offset advanced as a draw of torch's own would, with no
+    GPU work and no host sync. Not inside a CUDA graph's capture, where every replay would repeat the draws
+    (`refusal` refuses the kernels there)."""
+    if generator is None:
+        if device.type == "cuda":
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            generator = torch.cuda.default_generators[index]
+        else:
+            generator = torch.default_generator
+    if generator.device.type == "cuda" and hasattr(generator, "get_offset"):
+        offset = generator.get_offset()
+        generator.set_offset(offset + 4)  # Philox offsets advance in 4s (one 128-bit counter)
+        mixed = (generator.initial_seed() * 0x9E3779B97F4A7C15 + offset * 0xBF58476D1CE4E5B9) % 2**64
+        return (mixed >> 32) % SEED_BOUND
+    return int(torch.randint(0, SEED_BOUND, (), generator=generator, device=generator.device))
+
+
+def capturing(device_type):
+    """Whether a CUDA graph is being captured on the current stream (never without a CUDA device)."""
+    return device_type == "cuda" and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 _CAPABILITIES = {}
 
 
@@ -143,10 +174,14 @@ def refusal(device_type, head_size, *, installed=True, family=None, mask=None, t
         return "a CPU tensor outside Triton's interpreter (set TRITON_INTERPRET=1 before triton is imported)"
     if device_type not in ("cuda", "cpu"):
         return f"a {device_type} tensor (Triton runs on CUDA GPUs)"
+    if capturing(device_type):
+        return ("a CUDA graph's capture (the kernels' random draws take a seed on the host, which every replay "
+                "would repeat)")
     if device_type == "cuda" and (capability() or MIN_CAPABILITY) < MIN_CAPABILITY:
         major, minor = capability()
         return (f"a GPU of compute capability {major}.{minor} (the kernels need "
-                f"{'.'.join(map(str, MIN_CAPABILITY))} or later: tensor-core bfloat16 products, 80 KB of shared memory)")
+                f"{'.'.join(map(str, MIN_CAPABILITY))} or later: tensor-core bfloat16 products, 80 KB of shared "
+                "memory)")
     if head_size > MAX_HEAD_SIZE:
         return f"head size {head_size} (the Triton kernels take up to {MAX_HEAD_SIZE})"
     return None
