@@ -3,8 +3,9 @@ out) can pass 2^31 elements: each program's base offset is formed from the progr
 the per-tile offsets within one (batch, head) stay in int32. Checked in the kernels' Triton IR compiled for sm_90
 (no GPU needed; the interpreter, which these tests otherwise use, computes offsets in whatever numpy makes of them):
 every use of a large tensor's pointer argument is a `tt.addptr` by an i64 offset that was computed in 64 bits (an
-i64 product or sum, not a 32-bit product widened afterwards), and the program id is widened. Two control kernels
-written here, one in int32 and one that widens after the product, show the check fails where it should."""
+i64 product or sum, with no 32-bit product or sum widened anywhere in its chain), and the program id is widened.
+Three control kernels written here, one in int32, one that widens after the product and one that multiplies a
+64-bit base by a 32-bit product, show the check fails where it should."""
 
 import json
 import os
@@ -40,6 +41,13 @@ def widened_late(X, Y, N, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def widened_inside(X, Y, N, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    tl.store(Y + row * (N * N) + offs, tl.load(X + row * (N * N) + offs))
+
+
+@triton.jit
 def wide(X, Y, N, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -64,6 +72,7 @@ KERNELS = {
     "fish._noise_kernel linear": (aft._noise_kernel, dict(NETWORK=False, MP=2, BLOCK_M=32, BLOCK_N=32)),
     "narrow": (narrow, dict(BLOCK=32)),
     "widened_late": (widened_late, dict(BLOCK=32)),
+    "widened_inside": (widened_inside, dict(BLOCK=32)),
     "wide": (wide, dict(BLOCK=32)),
 }
 out = {}
@@ -88,6 +97,7 @@ _LARGE = {
     "fish._noise_kernel linear": "E",
     "narrow": "X Y",
     "widened_late": "X Y",
+    "widened_inside": "X Y",
     "wide": "X Y",
 }
 
@@ -111,6 +121,27 @@ def _narrow_offsets(ttir, names):
                 found.append(use)
             elif not re.match(r"arith\.(muli|addi) .*: i64", defs.get(m.group(1), "")):
                 found.append(f"{use}  [offset {m.group(1)} = {defs.get(m.group(1))}]")
+            else:
+                found += [f"{use}  [{late}]" for late in _widened_late(m.group(1), defs)]
+    return found
+
+
+def _widened_late(value, defs):
+    """The 32-bit products or sums that the 64-bit offset `value` widens on its way (arith.extsi of an i32 muli /
+    addi anywhere in its chain of i64 products and sums): they may have wrapped before the widening."""
+    found, todo, seen = [], [value], set()
+    while todo:
+        v = todo.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        d = defs.get(v, "")
+        if re.match(r"arith\.(muli|addi) .*: i64", d):
+            todo += re.findall(r"%[\w.#-]+", d.split(":")[0])
+        elif d.startswith("arith.extsi"):
+            src = re.match(r"arith\.extsi (%[\w.#-]+)", d).group(1)
+            if re.match(r"arith\.(muli|addi) .*: i32", defs.get(src, "")):
+                found.append(f"{v} = {d}, of {src} = {defs[src]}")
     return found
 
 
@@ -129,6 +160,8 @@ def test_base_offsets_are_64_bit_in_the_compiled_kernels(tmp_path):
     problems = {name: _narrow_offsets(ttir[name], names) for name, names in _LARGE.items()}
     assert len(problems["narrow"]) >= 3 and any(": !tt.ptr<f32>, i32" in p for p in problems["narrow"])
     assert problems["widened_late"] and all("arith.extsi" in p for p in problems["widened_late"][1:])
+    assert len(problems["widened_inside"]) == 2 and all("arith.extsi" in p for p in problems["widened_inside"])
     assert problems["wide"] == []
-    kernels = {name: found for name, found in problems.items() if name not in ("narrow", "widened_late", "wide")}
+    controls = ("narrow", "widened_late", "widened_inside", "wide")
+    kernels = {name: found for name, found in problems.items() if name not in controls}
     assert kernels == {name: [] for name in kernels}

@@ -43,7 +43,7 @@ from .attention_blocks import autocast_enabled, records_grad, resolve_backend, r
 from .attention_fish_recomputed import RecomputedFiSH, mix
 from .attention_fish_triton import MAX_GLOBAL_HEADS, counters, fish_triton
 from .attention_masks import allowed_pairs, is_tracing, mask_kind, masked_scores
-from .attention_triton import MAX_COUNTER, deterministic_refusal
+from .attention_triton import MAX_COUNTER, deterministic_refusal, length_refusal
 from .attention_triton import available as triton_available
 from .attention_triton import refusal as triton_refusal
 
@@ -58,7 +58,7 @@ BLOCK_ROWS = 128
 KEEP_BYTES = 2**28
 
 def choose_backend(*, mixing, noise, dropout, return_weights, device_type, dtype, autocast, requires_grad, tracing,
-                   mask=None, triton=False, head_size=64, num_global=2, counter=0):
+                   mask=None, triton=False, head_size=64, num_global=2, counter=0, length=0):
     """The backend `fish_attention` runs with backend="auto", from plain facts about the call: mixing "heads" (an
     (M, H) tensor, H > 1), "shared" (an (M, 1) tensor: MiSH), "gfish" (the network of make_gfish_mixing) or
     "module" (any other network); noise, dropout: whether they are on; autocast: on for the query's device;
@@ -66,7 +66,7 @@ def choose_backend(*, mixing, noise, dropout, return_weights, device_type, dtype
     there, not the hand-written backward, whose in-place block writes the TorchScript-based ONNX exporter
     mistranslates); mask: None, "padding" or "pairs" (a whole 4-D mask); triton: whether Triton is installed;
     head_size: the larger of q / k's and v's; num_global: M; counter: the largest counter of the call's random
-    draws (attention_fish_triton.counters).
+    draws (attention_fish_triton.counters); length: max(N, S) (the kernels' grids bound it).
 
     Every backend is exact; the rule is about speed and memory
     (hf-mgk's docs/benchmarks/kernel-notes.md#fish-path-rule):
@@ -80,7 +80,7 @@ def choose_backend(*, mixing, noise, dropout, return_weights, device_type, dtype
     if device_type == "cuda" and _triton_refusal(
             mixing=mixing, return_weights=return_weights, device_type=device_type, dtype=dtype, tracing=tracing,
             mask=mask, triton=triton, head_size=head_size, num_global=num_global, counter=counter,
-            requires_grad=requires_grad) is None:
+            requires_grad=requires_grad, length=length) is None:
         return "triton"
     linear = mixing in ("heads", "shared") and not dropout and not return_weights
     training = requires_grad and not tracing
@@ -94,7 +94,7 @@ def choose_backend(*, mixing, noise, dropout, return_weights, device_type, dtype
 
 
 def _triton_refusal(*, mixing, return_weights, device_type, dtype, tracing, mask, triton, head_size, num_global,
-                    counter, requires_grad=False, **_):
+                    counter, requires_grad=False, length=0, **_):
     """Why the Triton kernels cannot run a call (None: they can); `triton`: whether they can be used at all."""
     family = deterministic_refusal(requires_grad) or (  # the backward adds dq by atomics (one pass)
         "return_weights (only 'blocked' forms the weights)" if return_weights
@@ -102,7 +102,7 @@ def _triton_refusal(*, mixing, return_weights, device_type, dtype, tracing, mask
         else f"{num_global} global heads (the kernels take up to {MAX_GLOBAL_HEADS})"
         if num_global > MAX_GLOBAL_HEADS
         else f"sequences this long (the kernels' random draws count N x S positions, x M for a network's "
-             f"noise, in 32 bits: {counter} >= 2^31)" if counter >= MAX_COUNTER else None)
+             f"noise, in 32 bits: {counter} >= 2^31)" if counter >= MAX_COUNTER else length_refusal(length))
     return triton_refusal(device_type, head_size, installed=triton, family=family, mask=mask, tracing=tracing,
                           dtype=dtype)
 
@@ -178,7 +178,7 @@ def fish_attention(query, key, value, mixing, *, scale=None, noise_std=None, att
                  autocast=autocast_enabled(query.device.type),
                  requires_grad=_requires_grad(query, key, value, mixing, noise_std), tracing=is_tracing(),
                  mask=mask_kind(attention_mask), triton=triton_available(), head_size=max(D, Dv), num_global=M,
-                 counter=counters(M, N, S, kind == "gfish", noise_std is not None))
+                 counter=counters(M, N, S, kind == "gfish", noise_std is not None), length=max(N, S))
     measured = _timed(query, key, value, mixing, scale, noise_std, attention_mask, is_causal, dropout_p, block_rows,
                       keep_bytes, kind)
     backend = resolve_backend(backend, choose_backend(**facts), _refusals(**facts), device_type=query.device.type,

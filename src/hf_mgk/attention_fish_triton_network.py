@@ -198,7 +198,7 @@ if triton is not None:
         Q, K = Q + b64 * N * (MP * BLOCK_D), K + b64 * S * (MP * BLOCK_D)
         VS, OS, LSES = (), (), ()  # the group's heads' V, output and saved rows
         for t in tl.static_range(GROUP):
-            bh64 = b64 * H + g * GROUP + t
+            bh64 = b64 * H + g.to(tl.int64) * GROUP + t  # no 32-bit term in a 64-bit offset
             VS, OS, LSES = VS + (V + bh64 * S * DV,), OS + (O + bh64 * N * DV,), LSES + (LSE + bh64 * N * 2,)
         start_m = tl.program_id(1) * BLOCK_M
         offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -281,7 +281,7 @@ if triton is not None:
         Q, K, DQ = Q + b64 * N * (MP * BLOCK_D), K + b64 * S * (MP * BLOCK_D), DQ + b64 * N * (MP * BLOCK_D)
         VS, DOS, LSES, DELTAS, DVS = (), (), (), (), ()  # the group's heads' V, dO, saved rows, delta and dV
         for t in tl.static_range(GROUP):
-            bh64 = b64 * H + g * GROUP + t
+            bh64 = b64 * H + g.to(tl.int64) * GROUP + t  # no 32-bit term in a 64-bit offset
             VS, DOS, LSES = VS + (V + bh64 * S * DV,), DOS + (DO + bh64 * N * DV,), LSES + (LSE + bh64 * N * 2,)
             DELTAS, DVS = DELTAS + (DELTA + bh64 * N,), DVS + (DVO + bh64 * S * DV,)
         DK = DK + tl.program_id(0).to(tl.int64) * S * (MP * BLOCK_D)

@@ -33,7 +33,7 @@ from .attention_autotune import fall_back, timed
 from .attention_blocks import autocast_enabled, records_grad, resolve_backend
 from .attention_mgk_blocked import BLOCK_ROWS, KEEP_BYTES, MIN_ROW_SUM, mgk_blocked
 from .attention_mgk_triton import mgk_triton
-from .attention_triton import MAX_COUNTER, deterministic_refusal
+from .attention_triton import MAX_COUNTER, deterministic_refusal, length_refusal
 from .attention_mgk_triton import available as triton_available
 from .attention_mgk_triton import refusal as triton_refusal
 from .attention_masks import allowed_pairs, causal_mask, is_tracing, mask_kind, masked_scores
@@ -58,7 +58,7 @@ MLK_CHUNK = 64
 
 
 def choose_backend(*, e_step, return_weights, device_type, dtype, autocast, tracing, mask, triton=False,
-                   head_size=64, variance_grad=False, num_keys=2, counter=0, requires_grad=False):
+                   head_size=64, variance_grad=False, num_keys=2, counter=0, requires_grad=False, length=0):
     """The backend `mgk_attention` / `smgk_attention` run with backend="auto", from plain facts about the call:
     e_step "soft" / "hard"; device_type e.g. "cpu"; dtype the query's; autocast: whether autocast is on for that
     device; tracing: traced or compiled; mask: None, "padding" (B, S) or "pairs" (a whole 4-D mask); triton:
@@ -66,7 +66,7 @@ def choose_backend(*, e_step, return_weights, device_type, dtype, autocast, trac
     variance_grad: the variances are a tensor that needs a gradient; num_keys: M; counter: the largest counter
     of the call's dropout draws (N x S with dropout, else 0; the kernels count in 32 bits); requires_grad:
     autograd records the call (the hard E-step's kernels add gradients by atomics: not under
-    torch.use_deterministic_algorithms).
+    torch.use_deterministic_algorithms); length: max(N, S) (the kernels' grids bound it).
 
     The weights come from the dense form only. On the CPU in float32 / float64 outside autocast (a padding mask or
     none, not traced: its Python loop reads tensor values) the blocked path, with or without autograd, so that
@@ -85,13 +85,13 @@ def choose_backend(*, e_step, return_weights, device_type, dtype, autocast, trac
     if device_type == "cuda" and triton and _triton_refusal(
             e_step=e_step, return_weights=return_weights, device_type=device_type, dtype=dtype, tracing=tracing,
             mask=mask, triton=triton, head_size=head_size, variance_grad=variance_grad, num_keys=num_keys,
-            counter=counter, requires_grad=requires_grad) is None:
+            counter=counter, requires_grad=requires_grad, length=length) is None:
         return "triton"
     return "dense" if e_step == "hard" else "sdpa"
 
 
 def _triton_refusal(*, return_weights, device_type, dtype, tracing, mask, triton, head_size, variance_grad,
-                    num_keys=2, counter=0, e_step="soft", requires_grad=False, **_):
+                    num_keys=2, counter=0, e_step="soft", requires_grad=False, length=0, **_):
     """Why the Triton kernels cannot run a call (None: they can); `triton`: whether they can be used at all."""
     family = deterministic_refusal(e_step == "hard" and requires_grad) or (
         "return_weights (only 'dense' forms the weights)" if return_weights
@@ -99,13 +99,13 @@ def _triton_refusal(*, return_weights, device_type, dtype, tracing, mask, triton
         else f"{num_keys} keys per position (the kernels are tested for M = 1 to {MAX_TRITON_KEYS})"
         if num_keys > MAX_TRITON_KEYS
         else f"dropout on sequences this long (the kernels' dropout draws count N x S positions in 32 bits: "
-             f"{counter} >= 2^31)" if counter >= MAX_COUNTER else None)
+             f"{counter} >= 2^31)" if counter >= MAX_COUNTER else length_refusal(length))
     return triton_refusal(device_type, head_size, installed=triton, family=family, mask=mask, tracing=tracing,
                           dtype=dtype)
 
 
 def _refusals(*, e_step, return_weights, device_type, dtype, autocast, tracing, mask, triton=False, head_size=64,
-              variance_grad=False, num_keys=2, counter=0, requires_grad=False):
+              variance_grad=False, num_keys=2, counter=0, requires_grad=False, length=0):
     """Why each backend cannot run a call (None: it can)."""
     blocked = ("return_weights (only 'dense' forms the weights)" if return_weights
                else "a whole 4-D mask" if mask == "pairs"
@@ -117,7 +117,7 @@ def _refusals(*, e_step, return_weights, device_type, dtype, autocast, tracing, 
     triton_ = _triton_refusal(e_step=e_step, return_weights=return_weights, device_type=device_type, dtype=dtype,
                               tracing=tracing, mask=mask, triton=triton, head_size=head_size,
                               variance_grad=variance_grad, num_keys=num_keys, counter=counter,
-                              requires_grad=requires_grad)
+                              requires_grad=requires_grad, length=length)
     return {"dense": None, "sdpa": sdpa, "blocked": blocked, "triton": triton_}
 
 
@@ -132,7 +132,7 @@ def _backend(backend, query, value, variances, attention_mask, e_step, return_we
                  variance_grad=isinstance(variances, torch.Tensor) and variances.requires_grad,
                  num_keys=len(variances) if not isinstance(variances, torch.Tensor) else variances.numel(),
                  counter=query.shape[-2] * value.shape[-2] if dropout_p > 0 else 0,
-                 requires_grad=records_grad(query, value, *tensors))
+                 requires_grad=records_grad(query, value, *tensors), length=max(query.shape[-2], value.shape[-2]))
     measured = None if timed is None else (lambda: timed(choose_backend(**{**facts, "triton": False})))
     return resolve_backend(backend, choose_backend(**facts), _refusals(**facts), device_type=query.device.type,
                            timed=measured)

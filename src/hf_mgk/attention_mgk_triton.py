@@ -151,7 +151,8 @@ if triton is not None:
         """The program's head: bh (32-bit, the dropout draws' key), bh64, and its q, keys, v, x, y (64-bit bases)."""
         bh = tl.program_id(0)
         bh64 = bh.to(tl.int64)  # base offsets in 64 bits (B H N D passes 2^31), the tiles' in 32
-        return (bh, bh64, Q + bh64 * N * D, K + bh64 * (S * D if SHARED else M * S * D), V + bh64 * S * DV,
+        # every product from bh64 on (left to right): none is formed in 32 bits first
+        return (bh, bh64, Q + bh64 * N * D, K + (bh64 * S * D if SHARED else bh64 * M * S * D), V + bh64 * S * DV,
                 X + bh64 * M * N, Y + bh64 * M * S)
 
     @triton.jit
@@ -269,7 +270,7 @@ if triton is not None:
                     BLOCK_DV: tl.constexpr):
         if EVEN_D:  # the row strides as constants: addresses with immediate offsets
             D, DV = BLOCK_D, BLOCK_DV
-        stride_kr = S * D
+        stride_kr = tl.cast(S, tl.int64) * D  # key r starts at r S D: 64-bit, as S D may pass 2^31 / 3
         bh, bh64, Q, K, V, X, Y = _head(Q, K, V, X, Y, N, S, D, DV, M, SHARED)
         O, LSE = O + bh64 * N * DV, LSE + bh64 * N
         start_m = tl.program_id(1) * BLOCK_M
@@ -342,7 +343,7 @@ if triton is not None:
         """dq (the product term's) and dx (DX: (M, N) a head) for one block of query rows, over the key blocks."""
         if EVEN_D:  # the row strides as constants: addresses with immediate offsets
             D, DV = BLOCK_D, BLOCK_DV
-        stride_kr = S * D
+        stride_kr = tl.cast(S, tl.int64) * D  # key r starts at r S D: 64-bit, as S D may pass 2^31 / 3
         bh, bh64, Q, K, V, X, Y = _head(Q, K, V, X, Y, N, S, D, DV, M, SHARED)
         DO, DQ, DX = DO + bh64 * N * DV, DQ + bh64 * N * D, DX + bh64 * M * N
         LSE, DELTA = LSE + bh64 * N, DELTA + bh64 * N
@@ -447,11 +448,11 @@ if triton is not None:
         and dx too, added to DQ and DX (zeroed) in float32 atomics."""
         if EVEN_D:  # the row strides as constants: addresses with immediate offsets
             D, DV = BLOCK_D, BLOCK_DV
-        stride_kr = S * D
+        stride_kr = tl.cast(S, tl.int64) * D  # key r starts at r S D: 64-bit, as S D may pass 2^31 / 3
         bh, bh64, Q, K, V, X, Y = _head(Q, K, V, X, Y, N, S, D, DV, M, SHARED)
         DO, LSE, DELTA, DY = DO + bh64 * N * DV, LSE + bh64 * N, DELTA + bh64 * N, DY + bh64 * M * S
         DQ, DX = DQ + bh64 * N * D, DX + bh64 * M * N
-        DK, DV_OUT = DK + bh64 * (S * D if SHARED else M * S * D), DV_OUT + bh64 * S * DV
+        DK, DV_OUT = DK + (bh64 * S * D if SHARED else bh64 * M * S * D), DV_OUT + bh64 * S * DV
         start_n = tl.program_id(1) * BLOCK_N
         offs_n = start_n + tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
@@ -488,7 +489,7 @@ if triton is not None:
         for r in tl.static_range(M):
             if r == 0 or not SHARED:  # s_r (s2 = s log2 e: log2 e divided out), sMGK's already in
                 scale = 1.0 / 1.4426950408889634 if SHARED else s2s[r] / 1.4426950408889634
-                _put(DK + r * S * D, offs_n, offs_d, D, S, D, dks[r] * scale, EVEN_S, EVEN_D)
+                _put(DK + r * stride_kr, offs_n, offs_d, D, S, D, dks[r] * scale, EVEN_S, EVEN_D)
             _put_row(DY + r * S, offs_n, S, dys[r], EVEN_S)
 
 

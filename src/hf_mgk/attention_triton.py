@@ -24,7 +24,8 @@ except ImportError:  # no Triton: `available()` is False and the torch backends 
     tl = None
 
 __all__ = ["LN2", "LOG2E", "MAX_COUNTER", "MAX_HEAD_SIZE", "MIN_CAPABILITY", "MIN_TRITON", "SEED_BOUND", "available",
-           "capability", "capturing", "draw_seed", "env_switch", "fitted", "interpreting", "platform_refusal",
+           "capability", "capturing", "draw_seed", "env_switch", "fitted", "interpreting", "length_refusal",
+           "platform_refusal",
            "precision", "refusal", "shape_class", "shared_memory", "switched_on", "tuned_blocks"]
 
 logger = logging.getLogger(__name__)
@@ -99,6 +100,20 @@ def available():
         _SAID.add(why)
         logger.info("hf_mgk: the Triton kernels are not used: %s; the torch paths run", why)
     return why is None
+
+
+# A grid's second axis takes at most 65,535 programs (CUDA's limit), and the kernels put the blocks of query rows
+# (forward) or keys (backward) there, 16 rows or keys at the least: longer sequences are refused.
+MAX_GRID_Y = 65535
+MAX_LENGTH = MAX_GRID_Y * 16
+
+
+def length_refusal(length):
+    """Why a call whose longer sequence (N or S) has `length` positions cannot take the kernels (None: it can)."""
+    if length > MAX_LENGTH:
+        return (f"sequences this long ({length} positions: the kernels' grids take at most {MAX_GRID_Y} blocks "
+                f"of rows or keys, so N and S up to {MAX_LENGTH})")
+    return None
 
 
 # Seeds of the kernels' draws stay below this: the dropout mask keys its Philox calls at 2^31 + batch x head, above
