@@ -2,7 +2,9 @@
 # The GPU check of the Triton kernels, one command on a machine with a CUDA GPU and this repository's
 # environment (bash scripts/setup.sh, or torch + triton + this package installed):
 #   1. the kernels' correctness tests compiled on the GPU (pytest -m cuda: every output and gradient against the
-#      references, as the CPU suite runs them in Triton's interpreter);
+#      references, as the CPU suite runs them in Triton's interpreter), then, per path and dtype (float32, bf16,
+#      fp16), each kernel's largest error against the eager path on this GPU, output and every gradient, beside
+#      both arms' times (python -m hf_mgk.benchmark.agreement: N = 1000, ending inside a block; OUT/agreement.txt);
 #   2. one tuning pass of the block sizes (python -m hf_mgk.benchmark.tune: the defaults and 4 candidates a family,
 #      compilation most of its time), whose choice the tables then use;
 #   3. the attention-alone tables in bf16, B = 8, D = 64, N = 1024 and 4096, forward + backward, every path and SDPA
@@ -12,7 +14,7 @@
 #      Triton row's measured ratio, the static cost model's figure for this GPU's target (python -m
 #      hf_mgk.benchmark.static, run on the CPU meanwhile: OUT/static.txt), the lower bound the run calibrates.
 # Everything is written under the folder given (default gpu_check/); each step is bounded so the whole ends in under
-# 8 minutes. `bash scripts/gpu_check.sh OUT models` then times the whole 2-layer models (width 512, B 8, N 1024,
+# 10 minutes. `bash scripts/gpu_check.sh OUT models` then times the whole 2-layer models (width 512, B 8, N 1024,
 # bf16 autocast, their steps alternating) against their baselines, with the block sizes OUT/tune.txt chose (~3
 # minutes more). PYTHON picks the interpreter (default .venv/bin/python, else python3: a machine with torch, triton,
 # transformers and pytest, e.g. a fresh GPU machine, runs this package from src/ without installing it).
@@ -70,10 +72,14 @@ kernel_tests() {
     HF_MGK_TEST_CUDA=1 timeout 180 $PY -m pytest -q -m cuda -p no:cacheprovider $XDIST \
         tests/test_attention_mgk_triton.py tests/test_attention_fish_triton.py 2>&1 | tail -40 | tee "$OUT/pytest.txt"
 }
+agreement() {
+    timeout 100 $PY -m hf_mgk.benchmark.agreement --device cuda --lengths 1000 --repeats 3 2>&1 | tee "$OUT/agreement.txt"
+}
 tune() {
     timeout 90 $PY -m hf_mgk.benchmark.tune --device cuda --dtype bf16 --repeats 10 2>&1 | tee "$OUT/tune.txt"
 }
 step pytest kernel_tests
+step agreement agreement
 step tune tune
 BLOCKS=$(grep -s '^HF_MGK_TRITON_BLOCKS=' "$OUT/tune.txt" | tail -1 | cut -d= -f2-)
 [ -n "$BLOCKS" ] && export HF_MGK_TRITON_BLOCKS="$BLOCKS"

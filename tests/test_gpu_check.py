@@ -20,6 +20,7 @@ case "$*" in
     "-c import xdist") exit 1 ;;
     "-m pytest"*) echo "3 passed"; exit "${STUB_PYTEST:-0}" ;;
     "-m hf_mgk.benchmark.tune"*) echo "HF_MGK_TRITON_BLOCKS=mgk:w64=64x32"; exit "${STUB_TUNE:-0}" ;;
+    "-m hf_mgk.benchmark.agreement"*) echo "agreement table"; exit "${STUB_AGREEMENT:-0}" ;;
     "scripts/benchmark.py --family fish"*) exit "${STUB_FISH:-0}" ;;
     "scripts/benchmark.py"*) exit 0 ;;
 esac
@@ -49,6 +50,9 @@ def test_all_steps_passing_exits_0_and_runs_every_step(tmp_path):
     # the attention tables run with the tuning's blocks, the model's figures, and auto timing afresh into OUT
     assert all(f"--static {out}/static.json BLOCKS=mgk:w64=64x32 CACHE={out}/autotune-cache" in c for c in tables)
     assert "static table" in proc.stdout
+    # the kernels against the eager path, per path and dtype, at a length ending inside a block, into OUT
+    assert any(c.startswith("-m hf_mgk.benchmark.agreement --device cuda --lengths 1000") for c in calls)
+    assert "agreement table" in proc.stdout and (out / "agreement.txt").read_text() == "agreement table\n"
 
 
 def test_a_gpu_the_model_has_no_target_for_runs_the_tables_without_it(tmp_path):
@@ -60,6 +64,7 @@ def test_a_gpu_the_model_has_no_target_for_runs_the_tables_without_it(tmp_path):
 
 
 @pytest.mark.parametrize("failing, named", [({"STUB_PYTEST": 1}, "pytest"), ({"STUB_TUNE": 124}, "tune"),
+                                            ({"STUB_AGREEMENT": 1}, "agreement"),
                                             ({"STUB_FISH": 2}, "attention_fish"), ({"STUB_STATIC": 1}, "static")])
 def test_a_failing_step_fails_the_check_and_the_rest_still_run(tmp_path, failing, named):
     proc, calls = run_check(tmp_path, **failing)

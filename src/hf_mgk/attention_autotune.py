@@ -44,7 +44,7 @@ import torch
 from .attention_triton import env_switch, triton
 
 __all__ = ["CACHE_ENV", "TOLERANCES", "choose", "disagreement", "fall_back", "kind_of", "measured_here",
-           "switched_on", "timed", "trial"]
+           "relative_errors", "switched_on", "timed", "trial"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +58,9 @@ clock = time.perf_counter  # replaced by a fake clock in the tests
 # The largest difference the kernels' output and gradients may have from the eager path's, relative to the largest
 # magnitude of the output, or of all the gradients (a gradient that is exactly 0, such as a bias a softmax ignores,
 # comes out as rounding of the size of the others), by the call's dtype: a few times each precision's error of an
-# attention call in either path (the kernels' tests measure them against float64).
-TOLERANCES = {torch.float32: 1e-3, torch.bfloat16: 6e-2, torch.float16: 1e-2}
+# attention call in either path (in half precision the hard E-step's maximum can flip between keys that tie to
+# rounding: 5e-2 measured in bfloat16 on a 37-token call), far below what a wrong kernel gives.
+TOLERANCES = {torch.float32: 1e-3, torch.bfloat16: 1e-1, torch.float16: 2e-2}
 
 _CHOSEN = {}          # kind text -> backend, for this process
 _FILES = {}           # cache file path -> its choices, read once
@@ -210,30 +211,33 @@ def _time(run, name, device):
     return best
 
 
-def disagreement(got, want, dtype):
-    """How far `got` (the kernels' (output, gradients)) is from `want` (the eager path's), as a multiple of
-    TOLERANCES[dtype]: the largest difference of the output relative to the output's largest magnitude, and of each
-    gradient relative to the largest magnitude of all gradients; NaN where only one side has it counts as infinite.
-    At most 1: they agree."""
-    def worst(pairs):
-        scale = max((w.detach().abs().nan_to_num(0.0).max().item() for _, w in pairs
-                     if w is not None and w.numel()), default=0.0)
-        largest = 0.0
-        for g, w in pairs:
-            if g is None or w is None:
-                if g is not w:
-                    return float("inf")
-                continue
-            g, w = g.detach().double(), w.detach().double()
-            both = torch.isnan(g) & torch.isnan(w)
-            diff = torch.where(both, torch.zeros_like(g), (g - w).abs()).nan_to_num(float("inf"))
-            largest = max(largest, diff.max().item() if diff.numel() else 0.0)
-        return largest / (max(scale, 1e-30) * TOLERANCES.get(dtype, TOLERANCES[torch.float32]))
+def relative_errors(got, want):
+    """The largest differences of `got` (the kernels' (output, gradients)) from `want` (the eager path's): the
+    output's relative to the output's largest magnitude, then each gradient's relative to the largest magnitude of
+    all the gradients (one that is exactly 0, such as a bias a softmax ignores, comes out as rounding of the others'
+    size). NaN on one side only, or a gradient on one side only, counts as infinite."""
+    def scale(tensors):
+        return max((t.detach().abs().nan_to_num(0.0).max().item() for t in tensors
+                    if t is not None and t.numel()), default=0.0)
+
+    def error(g, w, size):
+        if g is None or w is None:
+            return 0.0 if g is w else float("inf")
+        g, w = g.detach().double(), w.detach().double()
+        both = torch.isnan(g) & torch.isnan(w)
+        diff = torch.where(both, torch.zeros_like(g), (g - w).abs()).nan_to_num(float("inf"))
+        return (diff.max().item() if diff.numel() else 0.0) / max(size, 1e-30)
 
     (out, grads), (ref, ref_grads) = got, want
     if len(grads) != len(ref_grads):
-        return float("inf")
-    return max(worst([(out, ref)]), worst(list(zip(grads, ref_grads))))
+        return [float("inf")]
+    largest = scale(ref_grads)
+    return [error(out, ref, scale([ref]))] + [error(g, w, largest) for g, w in zip(grads, ref_grads)]
+
+
+def disagreement(got, want, dtype):
+    """The largest of `relative_errors` as a multiple of TOLERANCES[dtype]: at most 1, the arms agree."""
+    return max(relative_errors(got, want)) / TOLERANCES.get(dtype, TOLERANCES[torch.float32])
 
 
 def _store():
