@@ -322,6 +322,12 @@ class _TritonFiSH(torch.autograd.Function):
         delta = (dout.float() * out.float()).sum(-1).contiguous()
         f32 = dict(dtype=torch.float32, device=q.device)
         k_blocks = triton.cdiv(s, consts["BLOCK_N"])
+        if not consts["PADDED"] and s % consts["BLOCK_N"]:
+            # the last key block passes S, and the rows its program does not bounds-mask (free_queries_start) would
+            # give the keys past S weight: a padding bias of zeros, whose loads give -inf past S, masks them (an
+            # add a pair in these calls only; a mask in every row block would cost the main loop every call)
+            tensors[-1] = torch.zeros(b, s, dtype=torch.float32, device=q.device)
+            consts = dict(consts, PADDED=True)
         width = mp * consts["BLOCK_D"]
         # one pass, a program per (batch x GROUP local heads, block of keys): each program's share of dk (summed
         # here), dq added by the programs (zeroed), each program's shares of the mixing's gradients (of dW2, db2 each

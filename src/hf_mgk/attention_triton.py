@@ -443,13 +443,12 @@ if triton is not None:
     def free_queries_start(start_n, lo, BLOCK_M: tl.constexpr, BLOCK_N, N, S, CAUSAL: tl.constexpr):
         """The first block of query rows (from `lo`, query_start's) that sees every key of start_n + [0, BLOCK_N)
         (causal: its first row), at most the end of the whole row blocks; blocks before it are masked, and the blocks
-        from the end of the whole row blocks on (rows past N). A key block that passes S has no such row block: its
-        keys past S must be -inf in every row's scores (a padding bias of 0 or an unmasked tile would give them
-        weight, and the sums over keys, such as the mixing's gradients, would take it)."""
-        whole = tl.maximum(lo, N // BLOCK_M * BLOCK_M)
+        from the end of the whole row blocks on (rows past N). The blocks it frees are not bounds-masked: where the
+        key block passes S, its keys past S must be -inf by other means (the FiSH backward then takes the padding
+        bias, whose loads give -inf past S), or they take weight, and every sum over keys (the mixing's gradients)
+        with it."""
         start = lo
         if CAUSAL:
             first = tl.maximum(start_n + BLOCK_N - 1 - (S - N), 0)
             start = tl.maximum(lo, (first + BLOCK_M - 1) // BLOCK_M * BLOCK_M)
-        start = tl.where(start_n + BLOCK_N > S, whole, start)
-        return tl.minimum(start, whole)
+        return tl.minimum(start, tl.maximum(lo, N // BLOCK_M * BLOCK_M))
