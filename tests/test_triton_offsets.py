@@ -79,7 +79,9 @@ out = {}
 for name, (fn, consts) in KERNELS.items():
     sig = {a: "constexpr" if a in consts else RUNTIME.get(a, "*bf16" if a in ("Q", "K", "V", "DO", "O") else "*fp32")
            for a in fn.arg_names}
-    out[name] = triton.compile(ASTSource(fn, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32)).asm["ttir"]
+    target = GPUTarget("cuda", int(sys.argv[2]) if len(sys.argv) > 2 else 90, 32)
+    out[name] = triton.compile(ASTSource(fn, sig, constexprs=consts), target=target).asm["ttir"]
+out["triton"] = triton.__version__
 json.dump(out, open(sys.argv[1], "w"))
 '''
 

@@ -28,7 +28,7 @@ def fresh(monkeypatch):
     monkeypatch.delenv("HF_MGK_TRITON", raising=False)
 
 
-@pytest.mark.parametrize("version, refused", [("3.2.0", True), ("3.2.1+git5a3f", True), ("3.3.0", False),
+@pytest.mark.parametrize("version, refused", [("3.2.0", True), ("3.3.1+git5a3f", True), ("3.4.0", False),
                                               ("3.9.0", False), ("4.0.0", False)])
 def test_a_triton_older_than_the_kernels_compile_with_is_refused_once_at_info(monkeypatch, caplog, fresh, version,
                                                                              refused):
@@ -36,7 +36,7 @@ def test_a_triton_older_than_the_kernels_compile_with_is_refused_once_at_info(mo
     with caplog.at_level(logging.INFO, logger=at.__name__):
         assert at.available() is not refused and at.available() is not refused
     said = [r.getMessage() for r in caplog.records if "not used" in r.getMessage()]
-    assert said == ([f"hf_mgk: the Triton kernels are not used: triton {version} (the kernels need 3.3 or later); "
+    assert said == ([f"hf_mgk: the Triton kernels are not used: triton {version} (the kernels need 3.4 or later); "
                      "the torch paths run"] if refused else [])
     assert (at.refusal("cuda", 64, installed=at.available()) or "").startswith(f"triton {version}") is refused
     assert (mgk_choice(**MGK_CALL, triton=at.available()) == "triton") is not refused
