@@ -80,3 +80,21 @@ def test_mgk_at_the_gpu_launches(monkeypatch, e_step, shared, m, n, s, causal, p
     grads = mgk_tests._grads(out, leaves + ([lp] if with_prior else []))
     assert_exact(out, grads, mgk_tests._reference(leaves, lp, shared, kw, with_prior),
                  mgk_tests._names(shared, with_prior), cancelling={"log_prior"})
+
+
+@pytest.mark.parametrize("variant", ["hard_fish", "hard_gfish"])
+def test_fish_dropout_at_the_gpu_launches(fish_gpu_launches, variant):
+    """The GPU's launches with dropout (linear: 64 x 64 forwards and 16-row backwards; a network 128 x 32 and 32 x 64),
+    keys ending inside a block, unpadded: with V the identity the output is the dropped weights, so the reference's
+    weights times the kernels' own mask, times V, is what they compute, gradients included."""
+    n, p = 50, 0.3  # V the identity: Dv = S, within the studied launches' 64, ending inside their key blocks
+    args, kwargs, leaves = fish_tests._case(variant, 2, n, n, 16, n, False, "cpu")
+    with torch.no_grad():
+        args[2].copy_(torch.eye(n).expand_as(args[2]))
+    out = fish_attention(*args, **kwargs, dropout_p=p, generator=torch.Generator().manual_seed(5), backend="triton")
+    kind = "network" if variant == "hard_gfish" else "linear"
+    assert fish_gpu_launches == [aft.LAUNCHES[kind, True]]
+    kept = (out.detach() != 0).float() / (1 - p)
+    assert abs((out.detach() == 0).float().mean().item() - p) < 0.03  # 10,000 draws: the sd is 0.005
+    reference = fish_tests._reference(args, kwargs, None, weights=kept)
+    assert_exact(out, fish_tests._grads(out, leaves), reference, fish_tests._names(variant), cancelling={"b2"})

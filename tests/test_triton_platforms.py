@@ -127,3 +127,15 @@ def test_seeds_of_cpu_tensors_come_from_torchs_generator():
     torch.manual_seed(3)
     assert at.draw_seed(torch.device("cpu")) == first and 0 <= first < at.SEED_BOUND
     assert at.draw_seed(torch.device("cpu"), torch.Generator().manual_seed(3)) == first
+
+
+def test_sequences_past_the_grids_limit_are_refused():
+    """The kernels put the blocks of rows (forward) or keys (backward) on the grid's second axis, at most 65,535
+    programs of at least 16: longer sequences take the torch paths, and asking for the kernels says why."""
+    assert at.length_refusal(at.MAX_LENGTH) is None and at.MAX_LENGTH == 65535 * 16
+    assert at.length_refusal(at.MAX_LENGTH + 1).startswith(f"sequences this long ({at.MAX_LENGTH + 1} positions")
+    for length, refused in [(4096, False), (at.MAX_LENGTH + 1, True)]:
+        assert (mgk_choice(**MGK_CALL, triton=True, length=length) == "triton") is not refused
+        assert (fish_choice(**FISH_CALL, triton=True, length=length) == "triton") is not refused
+    why = am._refusals(**MGK_CALL, triton=True, length=at.MAX_LENGTH + 1)["triton"]
+    assert why.startswith("sequences this long") and "N and S up to 1048560" in why
