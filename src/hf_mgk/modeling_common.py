@@ -190,11 +190,23 @@ class AutoMapMixin:
 
     HF's `register_for_auto_class` records one Auto class per saved model; a published checkpoint should load
     through every Auto class its family supports, so the whole map (`_auto_map`: Auto class -> class name in
-    this model's module) goes into `config.auto_map`, and the code files are always copied beside the weights."""
+    this model's module) goes into `config.auto_map`, and the code files are always copied beside the weights.
+
+    A model torch has wrapped by subclassing (FSDP2's `fully_shard` makes it an `FSDP<Class>` defined in torch's
+    own module) saves as the family's class it wraps: the map, the Auto registration and the code files HF copies
+    all come from the model's class, and torch's would make a folder that loads nowhere."""
 
     _auto_map: dict = {}
 
     def save_pretrained(self, save_directory, *args, **kwargs):
+        own = next(c for c in type(self).__mro__ if not c.__module__.startswith("torch."))
+        if own is not type(self):
+            wrapped = type(self)
+            self.__class__ = own  # for the save only: the wrapper's hooks live on the instance, untouched
+            try:
+                return self.save_pretrained(save_directory, *args, **kwargs)
+            finally:
+                self.__class__ = wrapped
         module = type(self).__module__.rsplit(".", 1)[-1]
         config_cls = type(self.config)
         self.config.auto_map = {

@@ -1,0 +1,99 @@
+"""A model saved from FSDP2 is a checkpoint like any other. torch's `fully_shard` makes the model an `FSDP<Class>`
+defined in torch's own module, and `save_pretrained` took the Auto map and the code files from the model's class:
+the folder named torch's module and carried torch's files. Here each family is sharded with `fully_shard` on its
+`_no_split_modules` layers and the root, on 2 gloo ranks on the CPU, saved as Trainer does (the full state dict,
+gathered to rank 0, which saves), and the folder is loaded in a process where hf_mgk cannot be imported, with the
+logits of the model before sharding."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from hf_mgk.hub import run_without_package
+
+pytestmark = pytest.mark.slow  # two ranks, and a process without hf_mgk per family
+
+FAMILIES = {  # class, config class, tiny fields
+    "mgk-bert": ("MGKBertForMaskedLM", "MGKBertConfig", "bert", {"attention_type": "mgk"}),
+    "mgk-gpt2": ("MGKGPT2LMHeadModel", "MGKGPT2Config", "gpt2", {"attention_type": "mgk"}),
+    "fish-gpt2": ("FiSHGPT2LMHeadModel", "FiSHGPT2Config", "gpt2",
+                  {"attention_type": "hard_fish", "num_global_heads": 2}),
+    "nprf-roberta": ("NPRFRobertaForMaskedLM", "NPRFRobertaConfig", "roberta", {}),
+}
+
+_RANKS = '''
+import json, os, socket, sys
+import torch
+import torch.distributed as dist
+
+def rank_main(rank, world, out, port, families):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    import hf_mgk, tiny
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.fsdp import fully_shard
+    ids = torch.arange(3, 3 + 2 * 10).reshape(2, 10) % 90 + 3
+    for family, (cls, config_cls, fields, extra) in families.items():
+        torch.manual_seed(0)
+        config = getattr(hf_mgk, config_cls)(**getattr(tiny, fields)(dropout=False), **extra)
+        model = getattr(hf_mgk, cls)(config).eval()
+        with torch.no_grad():
+            want = model(input_ids=ids).logits
+        for module in list(model.modules()):
+            if type(module).__name__ in model._no_split_modules:
+                fully_shard(module)
+        fully_shard(model)
+        assert type(model).__name__ == "FSDP" + cls, type(model)
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if rank == 0:
+            model.save_pretrained(os.path.join(out, family), state_dict=state)
+            torch.save({"ids": ids, "logits": want}, os.path.join(out, family, "want.pt"))
+        dist.barrier()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    out, families = sys.argv[1], json.loads(sys.argv[2])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(rank_main, args=(2, out, port, families), nprocs=2)
+'''
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fsdp2")
+    script = out / "ranks.py"
+    script.write_text(textwrap.dedent(_RANKS))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(script), str(out), json.dumps(FAMILIES)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return out
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_model_saved_from_fsdp2_loads_without_hf_mgk(saved, family):
+    folder = saved / family
+    cls = FAMILIES[family][0]
+    config = json.loads((folder / "config.json").read_text())
+    assert all(not entry.startswith("_fsdp") for entry in config["auto_map"].values()), config["auto_map"]
+    assert config["auto_map"]["AutoConfig"].startswith("configuration_")
+    files = sorted(os.listdir(folder))
+    assert not [f for f in files if f.startswith("_fsdp")] and any(f.startswith("modeling_") for f in files)
+    auto = next(auto for auto, name in config["auto_map"].items() if name.endswith("." + cls))
+    got = run_without_package(f"""
+        import json, torch, transformers
+        want = torch.load("want.pt")
+        model = getattr(transformers, {auto!r}).from_pretrained(".", trust_remote_code=True).eval()
+        assert type(model).__name__ == {cls!r} and type(model).__module__.startswith("transformers_modules")
+        with torch.no_grad():
+            logits = model(input_ids=want["ids"]).logits
+        print(json.dumps((logits - want["logits"]).abs().max().item()))
+        """, cwd=str(folder))
+    assert got <= 1e-6
