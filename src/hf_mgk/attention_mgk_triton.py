@@ -150,8 +150,7 @@ if triton is not None:
     def _head(Q, K, V, X, Y, N, S, D, DV, M: tl.constexpr, SHARED: tl.constexpr):
         """The program's head: bh (32-bit, the dropout draws' key), bh64, and its q, keys, v, x, y (64-bit bases)."""
         bh = tl.program_id(0)
-        bh64 = bh.to(tl.int64)  # base offsets in 64 bits (B H N D passes 2^31), the tiles' in 32
-        # every product from bh64 on (left to right): none is formed in 32 bits first
+        bh64 = bh.to(tl.int64)  # bases' products from bh64 on in 64 bits (B H N D passes 2^31), the tiles' in 32
         return (bh, bh64, Q + bh64 * N * D, K + (bh64 * S * D if SHARED else bh64 * M * S * D), V + bh64 * S * DV,
                 X + bh64 * M * N, Y + bh64 * M * S)
 

@@ -3,6 +3,7 @@ accumulation.
 
 Imports torch, transformers and siblings only: this file travels next to the remote-code model files."""
 
+import contextlib
 import warnings
 
 import torch
@@ -183,6 +184,19 @@ def classification_loss(config, logits, labels, num_items_in_batch=None):
     if num_items_in_batch is None:
         return per_item.mean()
     return per_item.sum() / torch.as_tensor(num_items_in_batch, device=per_item.device, dtype=per_item.dtype)
+
+
+def gathered(parameters, modifier_rank=None):
+    """A context in which `parameters` are whole: DeepSpeed ZeRO-3 partitions a model built inside zero.Init (a
+    from_pretrained or from_config under `--deepspeed` at stage 3), each rank holding a slice of each weight and an
+    empty tensor in its place; gathered here by its `GatheredParameters` (read-only, or with `modifier_rank` the
+    rank whose writes every rank takes when the context ends), left as they are elsewhere."""
+    parameters = list(parameters)
+    if not any(hasattr(p, "ds_id") for p in parameters):
+        return contextlib.nullcontext()
+    import deepspeed  # only a ZeRO-3 model has partitioned parameters
+
+    return deepspeed.zero.GatheredParameters(parameters, modifier_rank=modifier_rank)
 
 
 class AutoMapMixin:

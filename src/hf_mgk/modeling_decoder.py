@@ -33,6 +33,7 @@ from .modeling_common import (
     AttentionImplementationMixin,
     AutoMapMixin,
     attention_mask_from,
+    gathered,
     can_return_tuple,
     check_sequence_length,
     classification_loss,
@@ -208,8 +209,10 @@ class DecoderPreTrainedModel(WarmStartMixin, AutoMapMixin, AttentionImplementati
                 "and width"
             )
         model = cls._from_config(config, dtype=stock.dtype)  # stock.dtype: the `dtype` asked for, or "auto"'s
-        state = cls._convert_stock_state(stock.state_dict(), config, plan.kept, plan.head_dim)
-        missing, unexpected = model.load_state_dict(state, strict=False)
+        with gathered(stock.parameters()):  # under ZeRO-3 both models are partitioned: whole while converted
+            state = cls._convert_stock_state(stock.state_dict(), config, plan.kept, plan.head_dim)
+        with gathered(model.parameters(), modifier_rank=0):
+            missing, unexpected = model.load_state_dict(state, strict=False)
         if unexpected or any(not any(s in k for s in cls._new_parameters) for k in missing):
             raise RuntimeError(f"GPT-2 conversion left unexpected {unexpected} / missing {missing} weights")
         model.tie_weights()

@@ -16,7 +16,7 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from .attention_mgk import mgk_attention, mgk_responsibilities, mlk_attention, smgk_attention
-from .modeling_common import is_full_mask, parent_of, softmax_attention
+from .modeling_common import gathered, is_full_mask, parent_of, softmax_attention
 from .transformers_compat import init
 
 # Option A of the paper (Sec. 2.3): keys 2..M have projections of their own (`extra_keys`).
@@ -132,6 +132,10 @@ class MGKAttentionCore(nn.Module):
         2..M), and whether it was loaded from a checkpoint."""
         raise NotImplementedError
 
+    def first_key_module(self):
+        """The module whose parameters hold the first key projection (read by `first_key_parameters`)."""
+        raise NotImplementedError
+
 
 def init_mgk_weights(model, module):
     """MGK's own weights, from a model's `_init_weights` (after its generic rules): the shifts and prior of an MGK
@@ -155,10 +159,13 @@ def init_mgk_weights(model, module):
         # the pretrained attention pattern survives and the keys can still separate (identical keys under the hard
         # E-step would give the second one no gradient). (Tensors loaded from a checkpoint are flagged
         # `_is_hf_initialized` on transformers 5; 4.x keeps no such flag, so there they keep the default init.)
-        weight, bias, loaded = attention.first_key_parameters()
-        if loaded:
-            init.copy_(module.weight, extra_key_start(weight, std))
-            init.copy_(module.bias, bias)
+        with gathered(attention.first_key_module().parameters()):
+            weight, bias, loaded = attention.first_key_parameters()
+            if loaded:
+                init.copy_(module.weight, extra_key_start(weight, std))
+                init.copy_(module.bias, bias)
+
+
 
 
 def extra_key_start(first_key_weight, std):

@@ -70,6 +70,9 @@ class MGKBertSelfAttention(MGKAttentionCore):
     def first_key_parameters(self):
         return self.key.weight, self.key.bias, getattr(self.key.weight, "_is_hf_initialized", False)
 
+    def first_key_module(self):
+        return self.key
+
     def _heads(self, x):
         return x.view(*x.shape[:-1], self.num_heads, self.head_dim).transpose(1, 2)
 

@@ -63,10 +63,17 @@ class MGKGPT2Attention(MGKAttentionCore):
         self.c_proj = Conv1D(config.n_embd, inner)
         self.resid_dropout = nn.Dropout(config.resid_pdrop)
 
+    def first_key_module(self):
+        return self.c_attn
+
     def first_key_parameters(self):
-        inner = self.num_heads * self.head_dim
         weight = self.c_attn.weight
-        return weight[:, inner:2 * inner], self.c_attn.bias[inner:2 * inner], getattr(weight, "_is_hf_initialized", False)
+        if not getattr(weight, "_is_hf_initialized", False):
+            # nothing loaded to start from; and a weight DeepSpeed ZeRO-3 has partitioned (a model built inside
+            # zero.Init) is empty, with no columns to slice
+            return None, None, False
+        inner = self.num_heads * self.head_dim
+        return weight[:, inner:2 * inner], self.c_attn.bias[inner:2 * inner], True
 
     def _heads(self, x):
         return x.view(*x.shape[:-1], -1, self.head_dim).transpose(1, 2)

@@ -148,7 +148,9 @@ def load_model(plan, task, **config_kwargs):
         overrides = parse_overrides(model_args.config_overrides, config_class, "--config_overrides")
         config = config_class(**{**overrides, **config_kwargs})
     logger.info("training a new %s model from scratch: %s", family, config.to_json_string(use_diff=True))
-    return cls(config)
+    # as the Auto classes' from_config builds it: inside deepspeed.zero.Init under ZeRO-3, so that no rank holds
+    # the whole model before DeepSpeed partitions it
+    return cls._from_config(config)
 
 
 def fit_vocabulary(model, tokenizer):
