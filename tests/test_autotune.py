@@ -446,9 +446,11 @@ def test_a_held_choice_this_call_cannot_run_is_not_taken(measured, monkeypatch):
     assert clock.calls == ["blocked"] and list(autotune._CHOSEN.values()) == ["blocked"]
 
 
-def test_fish_noise_is_off_where_the_arms_are_compared(measured, monkeypatch):
+@pytest.mark.parametrize("columns", [4, 1], ids=["fish", "mish"])
+def test_fish_noise_is_off_where_the_arms_are_compared(measured, monkeypatch, columns):
     """FiSH's arms draw their noise differently (the kernels' Philox, torch's generator): compared without it, right
-    kernels pass and are chosen; the kind still says the call has noise."""
+    kernels pass and are chosen, once for the kind, which still says the call has noise. MiSH's eager path with
+    noise ("recomputed") refuses it without: the comparison takes the blocked path."""
     fish = FakeClock({"triton": 1.0, "recomputed": 2.0})
     monkeypatch.setattr(af, "fish_triton", fish.wrap(af, "fish_triton", "triton"))
     monkeypatch.setattr(af, "fish_recomputed", fish.wrap(af, "fish_recomputed", "recomputed"))
@@ -456,11 +458,14 @@ def test_fish_noise_is_off_where_the_arms_are_compared(measured, monkeypatch):
     g = torch.Generator().manual_seed(3)
     q, k = torch.randn(2, 2, 24, 16, generator=g), torch.randn(2, 2, 24, 16, generator=g)
     v = torch.randn(2, 4, 24, 16, generator=g, requires_grad=True)
-    mixing = torch.randn(2, 4, generator=g, requires_grad=True)
+    mixing = torch.randn(2, columns, generator=g, requires_grad=True)
     sigma = torch.full((2,), 0.5, requires_grad=True)
     _, said = _warnings_of(lambda: fish_attention(q, k, v, mixing, noise_std=sigma, is_causal=True))
     assert not said and list(autotune._CHOSEN.values()) == ["triton"]
     assert "noise=True" in next(iter(autotune._CHOSEN))
+    fish.calls.clear()
+    fish_attention(q, k, v, mixing, noise_std=sigma, is_causal=True)
+    assert fish.calls == ["triton"]  # chosen: no trial again
 
 
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
