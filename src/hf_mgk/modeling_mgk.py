@@ -159,11 +159,13 @@ def init_mgk_weights(model, module):
         # the pretrained attention pattern survives and the keys can still separate (identical keys under the hard
         # E-step would give the second one no gradient). (Tensors loaded from a checkpoint are flagged
         # `_is_hf_initialized` on transformers 5; 4.x keeps no such flag, so there they keep the default init.)
-        with gathered(attention.first_key_module().parameters()):
-            weight, bias, loaded = attention.first_key_parameters()
-            if loaded:
-                init.copy_(module.weight, extra_key_start(weight, std))
-                init.copy_(module.bias, bias)
+        source = attention.first_key_module()
+        if not getattr(source.weight, "_is_hf_initialized", False):
+            return  # nothing loaded to start from (checked before gathering: a model being built has no checkpoint)
+        with gathered(source.parameters()):
+            weight, bias, _ = attention.first_key_parameters()
+            init.copy_(module.weight, extra_key_start(weight, std))
+            init.copy_(module.bias, bias)
 
 
 
