@@ -268,7 +268,8 @@ def test_smgk_and_fish_are_timed_with_their_own_kinds(measured, monkeypatch):
     fq, fk = torch.randn(2, 2, 24, 16, generator=g), torch.randn(2, 2, 24, 16, generator=g)
     fv = torch.randn(2, 4, 24, 16, generator=g, requires_grad=True)
     out = fish_attention(fq, fk, fv, mixing, is_causal=True)
-    assert fish.calls == ["triton", "recomputed", "triton", "triton", "recomputed", "recomputed", "triton"]
+    # verified against the blocked path (the one eager path every call without noise takes), then timed
+    assert fish.calls == ["triton", "triton", "triton", "recomputed", "recomputed", "triton"]
     assert all(p.grad is None for p in mixing.parameters()) and fv.grad is None
     assert torch.equal(out, fish_attention(fq, fk, fv, mixing, is_causal=True, backend="triton"))
     assert any(kind.startswith("fish gfish float32 B<=2 N<=32 S<=32 fwd+bwd") for kind in autotune._CHOSEN)
