@@ -258,19 +258,28 @@ def _published(store, kind):
     return key, store.get(key).decode()
 
 
-def _decide(kind, eager, run, device, dtype):
-    """(backend, cache entry) for a kind timed here: each arm verified on the call's deterministic part, then timed
-    (module docstring). The entry is None where the eager path itself failed: the call runs it, which raises, and
-    nothing is kept for the kind."""
-    checked = {}
+def _each_arm(kind, eager, step):
+    """{name: step(name)} for the kernels' arm and the eager path's, an arm that raised and lost (`_lost`) left out;
+    None where the eager path's own error stands (the call runs it, which raises). torch's control flow passes."""
+    done = {}
     for name in ("triton", eager):
         try:
-            checked[name] = run(name, exact=True)
+            done[name] = step(name)
         except Exception as error:  # noqa: BLE001 - which arm failed decides: see _lost
             if _control_flow(error):
                 raise
             if not _lost(kind, name, error):
-                return eager, None
+                return None
+    return done
+
+
+def _decide(kind, eager, run, device, dtype):
+    """(backend, cache entry) for a kind timed here: each arm verified on the call's deterministic part, then timed
+    (module docstring). The entry is None where the eager path itself failed: the call runs it, which raises, and
+    nothing is kept for the kind."""
+    checked = _each_arm(kind, eager, lambda name: run(name, exact=True))
+    if checked is None:
+        return eager, None
     if eager not in checked:  # out of memory: the kernels run, verified against nothing
         return "triton", {"backend": "triton", "reason": "the eager path ran out of memory"}
     if "triton" not in checked:
@@ -281,16 +290,10 @@ def _decide(kind, eager, run, device, dtype):
                    f"largest error is {off:.3g} times the {str(dtype).replace('torch.', '')} tolerance; the eager "
                    "path runs instead")
         return eager, {"backend": eager, "reason": f"the kernels disagree ({off:.3g} x the tolerance)"}
-    seconds = {}
-    for name in ("triton", eager):
-        try:
-            seconds[name] = _time(run, name, device)
-        except Exception as error:  # noqa: BLE001
-            if _control_flow(error):
-                raise
-            if not _lost(kind, name, error):
-                return eager, None
-            seconds[name] = float("inf")
+    seconds = _each_arm(kind, eager, lambda name: _time(run, name, device))
+    if seconds is None:
+        return eager, None
+    seconds = {name: seconds.get(name, float("inf")) for name in ("triton", eager)}
     best = min(seconds, key=lambda name: (seconds[name], name != eager))  # both lost: the eager path
     return best, {"backend": best, "seconds": {name: (t if t != float("inf") else None)
                                                for name, t in seconds.items()}, "agreement": round(off, 4)}
