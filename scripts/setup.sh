@@ -32,7 +32,7 @@ step "torch==2.13.0: one installed is kept, else PyPI's (on Linux x86-64 the CUD
     "longest step)"
 "$PY" -m pip install $Q "torch==2.13.0"
 step "hf-mgk (editable) with its dev extra, pinned: transformers==5.23.0, datasets, evaluate, accelerate," \
-    "scikit-learn, scipy, matplotlib, pytest, peft, the ONNX packages, triton on Linux"
+    "scikit-learn, scipy, matplotlib, pytest, peft, the ONNX packages, triton and deepspeed on Linux"
 "$PY" -m pip install $Q -e ".[dev]" "transformers==5.23.0" "datasets==5.2.0" "evaluate==0.4.6" \
     "accelerate==1.15.0" "huggingface_hub==2.4.0" "safetensors==0.8.0" "scikit-learn==1.9.1" "scipy==1.17.1" "matplotlib==3.11.2" \
     "tensorboard==2.21.0" "parameterized==0.9.0" "onnx==1.23.2" "onnxscript==0.7.2" "onnxruntime==1.32.0" \
