@@ -199,6 +199,12 @@ def gathered(parameters, modifier_rank=None):
     return deepspeed.zero.GatheredParameters(parameters, modifier_rank=modifier_rank)
 
 
+def own_class(model):
+    """The model's own class: the class itself, or under a subclass torch made to wrap it (FSDP2's `fully_shard`
+    turns a model into an `FSDP<Class>` defined in torch's module) the class it wraps."""
+    return next(c for c in type(model).__mro__ if not c.__module__.startswith("torch."))
+
+
 class AutoMapMixin:
     """Makes `save_pretrained` write a Hub-ready folder for `trust_remote_code=True`.
 
@@ -213,7 +219,7 @@ class AutoMapMixin:
     _auto_map: dict = {}
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        own = next(c for c in type(self).__mro__ if not c.__module__.startswith("torch."))
+        own = own_class(self)
         if own is not type(self):
             wrapped = type(self)
             self.__class__ = own  # for the save only: the wrapper's hooks live on the instance, untouched

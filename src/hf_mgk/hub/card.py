@@ -4,11 +4,16 @@
 `model_card` the README.md text: the family's template (hf_mgk/model_cards/<family>.md) filled with the run's
 summary, its results and the configuration, and a snippet that loads it with transformers alone."""
 
+import copy
 import math
 import os
 import re
 
+from torch import nn
+from transformers import PreTrainedModel
+
 from ..families import FAMILIES
+from ..modeling_common import own_class
 
 # Auto class of the exported model -> the Hub's pipeline tag and a task name for the model-index.
 PIPELINES = {
@@ -114,9 +119,32 @@ def _dataset_name(run):
 # ------------------------------------------------------------------------------------------------- model cards
 
 
+def family_model(model, merged=False):
+    """The hf-mgk model inside whatever wraps it for training: the `.module` of DDP, FSDP1 and a DeepSpeed engine,
+    torch.compile's `_orig_mod`, a peft model's base model. FSDP2 wraps by subclassing: that model is one already
+    (see `own_class`). A peft model's base holds the adapter layers in place of its projections; `merged=True` gives
+    a copy with the adapters merged into the weights instead (peft's `merge_and_unload`), the model passed in left
+    as it is."""
+    given = model
+    while not isinstance(model, PreTrainedModel):
+        if hasattr(model, "merge_and_unload"):  # peft
+            model = copy.deepcopy(model).merge_and_unload() if merged else model.get_base_model()
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            model = model._orig_mod
+        elif isinstance(getattr(model, "module", None), nn.Module):
+            model = model.module
+        else:
+            break
+    if not isinstance(model, PreTrainedModel) or not hasattr(model, "_auto_map"):
+        raise TypeError(f"expected an hf-mgk model (or one wrapped by DDP, FSDP, DeepSpeed, torch.compile or peft), "
+                        f"got a {type(given).__name__}")
+    return model
+
+
 def auto_class_of(model):
     """The Auto class that loads `model`'s own class (AutoModel for a base model)."""
-    return next((a for a, name in model._auto_map.items() if name == type(model).__name__), "AutoModel")
+    model = family_model(model)
+    return next((a for a, name in model._auto_map.items() if name == own_class(model).__name__), "AutoModel")
 
 
 def _template(family):
@@ -222,6 +250,7 @@ def card_data(model, run=None, repo_id=None):
     base_model (a warm start from a Hub checkpoint only) and a `model-index` with the run's metrics."""
     from huggingface_hub import EvalResult, ModelCardData
 
+    model = family_model(model)
     config = model.config
     meta, _ = _template(config.model_type)
     pipeline, task_name = PIPELINES[auto_class_of(model)]
@@ -249,7 +278,9 @@ def model_card(model, run=None, repo_id=None, revision=None):
     """README.md for the Hub: YAML metadata (`card_data`), then the family's text (model_cards/<family>.md)
     with the run's summary, a loading snippet pinned to `revision`, the attention settings and the metrics.
 
-    run: `read_run(run_dir)`, or None for a model that comes from no recorded run."""
+    run: `read_run(run_dir)`, or None for a model that comes from no recorded run. The model may be wrapped (see
+    `family_model`)."""
+    model = family_model(model)
     config = model.config
     _, body = _template(config.model_type)
     name = (repo_id or "ORG/NAME").split("/")[-1]
@@ -263,5 +294,5 @@ def model_card(model, run=None, repo_id=None, revision=None):
     return f"---\n{card_data(model, run, repo_id).to_yaml()}\n---\n{text}"
 
 
-__all__ = ["PIPELINES", "ATTENTION_FIELDS", "card_metrics", "is_hub_id", "auto_class_of", "TESTED_TRANSFORMERS",
-           "usage_snippet", "card_data", "model_card"]
+__all__ = ["PIPELINES", "ATTENTION_FIELDS", "card_metrics", "is_hub_id", "family_model", "auto_class_of",
+           "TESTED_TRANSFORMERS", "usage_snippet", "card_data", "model_card"]

@@ -12,7 +12,7 @@ import tempfile
 import torch
 
 from ..folders import refuse_holding_inputs, sha256_file
-from .card import PIPELINES, auto_class_of, card_metrics, model_card
+from .card import PIPELINES, auto_class_of, card_metrics, family_model, model_card
 from .remote_code import CHECK_TEXT, check_remote_code, clean_python
 
 DEFAULT_REVISION = "v1"
@@ -76,7 +76,11 @@ def save_for_hub(model, folder, tokenizer=None, overwrite=False):
     """`save_pretrained` (safetensors + code files + full `auto_map`) into `folder`, plus the tokenizer and a
     README.md model card saying how to load it (no metrics: `export_run` publishes a training run with them).
 
-    A non-empty folder is refused unless `overwrite=True`, which replaces all of its contents."""
+    A non-empty folder is refused unless `overwrite=True`, which replaces all of its contents. The model may be
+    wrapped for training (DDP, FSDP, DeepSpeed, torch.compile): the folder holds the model inside. A peft model is
+    saved with its adapters merged into a copy of the weights: a checkpoint that loads without peft (peft's own
+    `save_pretrained` saves the adapter alone)."""
+    model = family_model(model, merged=True)
 
     def write(tmp):
         model.save_pretrained(tmp, safe_serialization=True)
