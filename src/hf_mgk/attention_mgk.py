@@ -45,6 +45,7 @@ __all__ = [
     "choose_mlk_backend",
     "mgk_attention",
     "mgk_responsibilities",
+    "mgk_responsibility_totals",
     "mlk_attention",
     "smgk_attention",
 ]
@@ -327,6 +328,15 @@ def mgk_responsibilities(query, keys, *, variances, log_prior=None, attention_ma
     pi_jr = N_jr / N becomes, with pi shared over positions, the mean of gamma over all valid (i, j).
     Pairs whose responsibilities are not finite (a NaN or inf in that query or key, e.g. one bad row of a
     batch) are left out, so they cannot reach pi; a head with no finite valid pair gets NaN (keep its old pi)."""
+    total, pairs = mgk_responsibility_totals(query, keys, variances=variances, log_prior=log_prior,
+                                             attention_mask=attention_mask, is_causal=is_causal)
+    return total / pairs
+
+
+@torch.no_grad()
+def mgk_responsibility_totals(query, keys, *, variances, log_prior=None, attention_mask=None, is_causal=False):
+    """The sums behind `mgk_responsibilities`: (sum of gamma over the finite valid pairs (H, M) in float32, their
+    count (H, 1)). Sums add up across shards of a batch (data-parallel ranks); the mean of one shard would not."""
     var = _as_variances(variances, query, keys.shape[2])
     log_gamma = torch.log_softmax(_log_kernel(query.float(), keys.float(), var, log_prior), dim=2)  # (B,H,M,N,S)
     gamma = log_gamma.exp()
@@ -337,7 +347,7 @@ def mgk_responsibilities(query, keys, *, variances, log_prior=None, attention_ma
             allowed = allowed > torch.finfo(allowed.dtype).min
         used = used & allowed[:, :, None]
     gamma = torch.where(used, gamma, torch.zeros((), dtype=gamma.dtype, device=gamma.device))
-    return gamma.sum(dim=(0, 3, 4)) / used.sum(dim=(0, 3, 4)).to(gamma.dtype)
+    return gamma.sum(dim=(0, 3, 4)), used.sum(dim=(0, 3, 4)).to(gamma.dtype)
 
 
 # ------------------------------------------------------------------------------------------------ MLK (Sec. 2.4)

@@ -15,12 +15,18 @@ from torch import nn
 
 from transformers.pytorch_utils import Conv1D
 
-from .attention_mgk import mgk_attention, mgk_responsibilities, mlk_attention, smgk_attention
+from .attention_mgk import mgk_attention, mgk_responsibility_totals, mlk_attention, smgk_attention
 from .modeling_common import gathered, is_full_mask, parent_of, softmax_attention
 from .transformers_compat import init
 
 # Option A of the paper (Sec. 2.3): keys 2..M have projections of their own (`extra_keys`).
 SEPARATE_KEY_TYPES = ("mgk", "mlk")
+
+
+def _data_parallel():
+    """Whether this process is one of several ranks (torch.distributed initialised, world size > 1)."""
+    return (torch.distributed.is_available() and torch.distributed.is_initialized()
+            and torch.distributed.get_world_size() > 1)
 
 
 class MGKAttentionCore(nn.Module):
@@ -94,10 +100,21 @@ class MGKAttentionCore(nn.Module):
     @torch.no_grad()
     def _m_step(self, query, keys, attention_mask, is_causal):
         """Eq. 8's pi from this forward's finite responsibilities (E-step with the pi in use) into `prior`; heads
-        without any finite pair (one non-finite row cannot turn the prior to NaN) keep their pi."""
+        without any finite pair (one non-finite row cannot turn the prior to NaN) keep their pi.
+
+        Under data parallelism (torch.distributed initialised with more than one rank: DDP, FSDP, DeepSpeed) each
+        rank holds a shard of the batch: the responsibilities' sums and pair counts are summed over the ranks
+        (one all-reduce of H * (M + 1) numbers per layer), so every rank's pi is the whole batch's, as in one
+        process. Every rank must then run the training forward, as data parallelism does anyway."""
         self._m_step_due = False
-        pi = mgk_responsibilities(query, self.all_keys(keys), variances=self.variances, log_prior=self.log_prior(),
-                                  attention_mask=attention_mask, is_causal=is_causal)
+        total, pairs = mgk_responsibility_totals(query, self.all_keys(keys), variances=self.variances,
+                                                 log_prior=self.log_prior(), attention_mask=attention_mask,
+                                                 is_causal=is_causal)
+        if _data_parallel():
+            both = torch.cat([total, pairs], dim=-1)
+            torch.distributed.all_reduce(both)
+            total, pairs = both[:, :-1], both[:, -1:]
+        pi = total / pairs
         self.prior.copy_(torch.where(torch.isfinite(pi).all(-1, keepdim=True), pi, self.prior.float()))
 
     def attend(self, query, keys, value, attention_mask, return_weights, scale=None):
