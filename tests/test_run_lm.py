@@ -615,6 +615,34 @@ def test_torchrun_two_processes_match_one(script, family, length_option, texts, 
     assert two == pytest.approx(one, rel=1e-5)
 
 
+@pytest.mark.parametrize("engine", ["ds_zero2", "ds_zero3"])
+def test_deepspeed_warm_start_trains_as_ddp(engine, texts, work, stock_gpt2_dir, tmp_path):
+    """The launch line of docs/scripts.md with the DeepSpeed config it names (Trainer's "auto" values), on 2 CPU
+    ranks: a stock GPT-2 warm-starts MGK-GPT2 (two of its heads kept, extra keys drawn), which ZeRO-3 builds inside
+    zero.Init. The losses and the saved model are those of the DDP run of the same command."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is in the dev extra on Linux only")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    runs = {}
+    for name, extra in [("ddp", []), (engine, ["--deepspeed", str(ROOT / "scripts" / "launch" / f"{engine}.json")])]:
+        out = tmp_path / name
+        argv = ["--model_name_or_path", stock_gpt2_dir, "--attention_overrides", "attention_type=mgk,n_head=2",
+                *common(texts, out, work, steps=3), "--per_device_train_batch_size", "2", "--do_train",
+                "--block_size", "32", "--learning_rate", "1e-3", *extra]
+        proc = run_torchrun([ROOT / "scripts" / "run_clm.py", *argv], env, timeout=240,
+                            done=out / "trainer_state.json")
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        runs[name] = (losses(out), load_file(out / "model.safetensors"))
+    (ddp_losses, ddp), (ds_losses, ds) = runs["ddp"], runs[engine]
+    assert len(ddp_losses) == 3 and ds_losses == pytest.approx(ddp_losses, rel=1e-5)
+    assert any(".extra_keys." in k for k in ddp)
+    # ZeRO-2 hands Trainer's save a state dict of separate tensors, so the tied output embedding is written too
+    # (stock GPT-2 alike): the same table
+    assert set(ds) - set(ddp) <= {"lm_head.weight"} and set(ddp) <= set(ds)
+    if "lm_head.weight" in ds:
+        assert torch.equal(ds["lm_head.weight"], ds["transformer.wte.weight"])
+    assert max((ds[k] - ddp[k]).abs().max().item() for k in ddp) <= 1e-6
+
+
 def test_a_hub_dataset_without_network_says_so(work, stock_bert_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(ValueError, match="--dataset_name wikitext: the Hugging Face Hub cannot be reached .*"

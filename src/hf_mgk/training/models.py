@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import os
 
+import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from ..families import FAMILIES, STOCK_FAMILIES, TASK_AUTO, TASK_NAMES, family_of_attention
@@ -122,12 +123,28 @@ def load_tokenizer(model_args):
     return AutoTokenizer.from_pretrained(source, use_fast=model_args.use_fast_tokenizer, **model_args.hub_kwargs())
 
 
+def _start_deepspeed_on_the_ranks():
+    """ZeRO-3 builds the model inside deepspeed.zero.Init, which counts the ranks through DeepSpeed's own
+    communicator. accelerate starts that one on accelerators only: with --use_cpu the ranks' torch process group
+    (gloo) exists, and DeepSpeed, not told of it, counted one rank and refused Trainer's batch size ("train_batch_size
+    is not equal to micro_batch_per_gpu * gradient_acc_step * world_size"). Started here on that process group."""
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    if not (is_deepspeed_zero3_enabled() and torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    from deepspeed import comm
+
+    if not comm.is_initialized():
+        comm.init_distributed(dist_backend=torch.distributed.get_backend(), auto_mpi_discovery=False)
+
+
 def load_model(plan, task, **config_kwargs):
     """The model for `task` ("mlm", "clm", "seq-cls", "qa") of a `plan_model` plan: warm-started or continued from
     --model_name_or_path, or new from --model_type / --config_name with --config_overrides.
 
     `config_kwargs`: what the task sets in the config (num_labels, is_decoder, ...). Returns the model."""
     model_args, family = plan.model_args, plan.family
+    _start_deepspeed_on_the_ranks()
     cls = model_class(family, task)
     config_class = FAMILIES[family].config_class
     if model_args.model_name_or_path is not None:
