@@ -273,6 +273,52 @@ def test_the_docs_have_commands_and_code():
     assert ("script", "scripts/quickstart.py") in TARGETS and ("module", "hf_mgk") in TARGETS
 
 
+# Launchers: the words of a command naming one, and the arguments that print its options.
+LAUNCHERS = {("torchrun",): ["--help"], ("accelerate", "launch"): ["launch", "--help"]}
+
+
+def launcher_of(words):
+    """(launcher words, its own flags: those before the script) of a launch command, else None."""
+    words = [w for w in words if not re.fullmatch(r"[A-Za-z_]\w*=\S*", w)]  # VAR=value prefixes
+    if not words:
+        return None
+    program = (Path(words[0]).name, *words[1:])
+    for launcher in LAUNCHERS:
+        if program[:len(launcher)] == launcher:
+            script = next((i for i, w in enumerate(words) if w.endswith(".py")), len(words))
+            return launcher, flags_of(words[len(launcher):script])
+    return None
+
+
+@pytest.fixture(scope="session")
+def launcher_flags():
+    """{launcher words: the flags its --help lists}, from the virtualenv's own launchers."""
+    bin_dir = Path(sys.executable).parent
+    flags = {}
+    for launcher, help_args in LAUNCHERS.items():
+        done = subprocess.run([str(bin_dir / launcher[0]), *help_args], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        flags[launcher] = set(FLAG.findall(done.stdout))
+    return flags
+
+
+def test_launch_lines_use_real_launcher_flags(launcher_flags):
+    problems, checked = [], 0
+    for commands, _ in ALL_COMMANDS.values():
+        for c in commands:
+            launch = launcher_of(c.words)
+            if launch is None:
+                continue
+            launcher, flags = launch
+            checked += 1
+            if not c.words[0].startswith(".venv/bin/"):
+                problems.append(f"{c.where}: run the virtualenv's {' '.join(launcher)} (.venv/bin/{launcher[0]})")
+            problems += [f"{c.where}: {' '.join(launcher)} has no {f}" for f in flags
+                         if f not in launcher_flags[launcher]]
+    assert checked >= 8, "the launch lines of docs/scripts.md were not found"
+    assert not problems, "\n".join(problems)
+
+
 @pytest.mark.parametrize("block", SHELL_BLOCKS, ids=str)
 def test_shell_commands_name_real_scripts_modules_paths_and_flags(block, child):
     commands, comments = ALL_COMMANDS[str(block)]

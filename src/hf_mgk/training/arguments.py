@@ -148,10 +148,31 @@ def parse_args(data_class, argv=None):
     parser = HfArgumentParser((ModelArguments, data_class, HfMgkTrainingArguments))
     try:
         if len(argv) == 1 and argv[0].endswith(".json"):
-            return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
-        return parser.parse_args_into_dataclasses(args=argv)
+            parsed = parser.parse_json_file(json_file=os.path.abspath(argv[0]))
+        else:
+            parsed = parser.parse_args_into_dataclasses(args=argv)
     except ValueError as err:  # raised by the dataclasses' own checks
         parser.error(str(err))
+    _check_launch(parser, parsed[-1])
+    return parsed
+
+
+def _check_launch(parser, training_args):
+    """What transformers and accelerate do quietly with ranks on a CPU, said here: ranks started by a launcher
+    without an accelerator each and without --use_cpu are not distributed (each would train alone on all the data,
+    Trainer's rule), so that is refused; FSDP is enabled on accelerators only (on a CPU the ranks run as DDP, the
+    weights whole on each), so that is a warning."""
+    from transformers.training_args import ParallelMode
+
+    from .run_dir import launched
+
+    if launched() and not training_args.use_cpu and training_args.parallel_mode != ParallelMode.DISTRIBUTED:
+        parser.error(f"started as one of {os.environ.get('WORLD_SIZE', 'several')} ranks, but with no accelerator for "
+                     "each and without --use_cpu: each rank would train alone on all the data. Add --use_cpu to train "
+                     "the ranks on the CPU together")
+    if training_args.fsdp and training_args.device.type == "cpu":
+        logger.warning("--fsdp on the CPU: accelerate enables FSDP on accelerators only, so these ranks run as DDP "
+                       "(the weights whole on each rank); the losses and the saved model are DDP's")
 
 
 def setup_logging(training_args):
