@@ -157,14 +157,17 @@ def parse_args(data_class, argv=None):
     return parsed
 
 
+def launched():
+    """Whether a launcher (torchrun, accelerate launch) started this process as one rank of several."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
 def _check_launch(parser, training_args):
     """What transformers and accelerate do quietly with ranks on a CPU, said here: ranks started by a launcher
     without an accelerator each and without --use_cpu are not distributed (each would train alone on all the data,
     Trainer's rule), so that is refused; FSDP is enabled on accelerators only (on a CPU the ranks run as DDP, the
     weights whole on each), so that is a warning."""
     from transformers.training_args import ParallelMode
-
-    from .run_dir import launched
 
     if launched() and not training_args.use_cpu and training_args.parallel_mode != ParallelMode.DISTRIBUTED:
         parser.error(f"started as one of {os.environ.get('WORLD_SIZE', 'several')} ranks, but with no accelerator for "
@@ -312,4 +315,4 @@ def first_bad_line(path, delimiter=None):
 
 
 __all__ = ["ModelArguments", "DataArguments", "HfMgkTrainingArguments", "parse_args", "setup_logging", "parse_overrides",
-           "check_data_file", "check_model_folder", "damaged_weights", "first_bad_line"]
+           "check_data_file", "check_model_folder", "damaged_weights", "first_bad_line", "launched"]

@@ -11,6 +11,7 @@ import transformers
 from transformers.trainer_utils import get_last_checkpoint
 
 from ..folders import checkpoint_folders, refuse_holding_inputs, sha256_file, trainer_checkpoints
+from .arguments import launched
 from .data import perplexity
 from .models import _package
 
@@ -207,11 +208,6 @@ _KEPT_GROUPS = []
 _LEAVE_WHEN_DONE = False
 
 
-def launched():
-    """Whether a launcher (torchrun, accelerate launch) started this process as one rank of several."""
-    return "TORCHELASTIC_RUN_ID" in os.environ or int(os.environ.get("WORLD_SIZE", "1")) > 1
-
-
 def _leave():
     logging.shutdown()
     sys.stdout.flush()
@@ -257,4 +253,4 @@ def run_script(main):
 
 __all__ = ["RUN_FILE", "RESULTS_FILES", "incomplete_checkpoint", "run_identity", "prepare_output_dir", "read_run_identity",
            "write_run_info", "save_metrics", "recorded_results", "train_and_save", "evaluate_and_save", "close_distributed",
-           "run_script", "launched"]
+           "run_script"]
