@@ -2,9 +2,9 @@
 defined in torch's own module, and `save_pretrained` took the Auto map and the code files from the model's class:
 the folder named torch's module and carried torch's files. Here each family is sharded with `fully_shard` on its
 `_no_split_modules` layers and the root, on 2 gloo ranks on the CPU, saved as Trainer does (the full state dict,
-gathered to rank 0, which saves) by `save_pretrained` and by Trainer's own save, and each folder is loaded in a
-process where hf_mgk cannot be imported, with the logits of the model before sharding. The sharded model's model
-card names the family's head too."""
+gathered to rank 0, which saves) by `save_pretrained`, by Trainer's own save and by the Hub export (which gathers
+the weights itself), and each folder is loaded in a process where hf_mgk cannot be imported, with the logits of the
+model before sharding. The export's model card names the family's head too."""
 
 import json
 import os
@@ -58,8 +58,7 @@ def rank_main(rank, world, out, port, families):
         folder = os.path.join(out, family)
         if rank == 0:
             model.save_pretrained(os.path.join(folder, "save_pretrained"), state_dict=dict(state))  # (it empties it)
-            with open(os.path.join(folder, "card.md"), "w") as f:
-                f.write(hf_mgk.hub.model_card(model))
+        hf_mgk.hub.save_for_hub(model, os.path.join(folder, "hub"))  # every rank: it gathers the weights
         # Trainer's save under FSDP with a full state dict: save_model hands that state to _save, which calls the
         # sharded model's save_pretrained (writing on rank 0). Trainer enables FSDP only on accelerators, so its
         # FSDP2 wrapping is torch's fully_shard above.
@@ -91,7 +90,7 @@ def saved(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("route", ["save_pretrained", "trainer"])
+@pytest.mark.parametrize("route", ["save_pretrained", "trainer", "hub"])
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_a_model_saved_from_fsdp2_loads_without_hf_mgk(saved, family, route):
     folder = saved / family / route
@@ -103,8 +102,9 @@ def test_a_model_saved_from_fsdp2_loads_without_hf_mgk(saved, family, route):
     files = sorted(os.listdir(folder))
     assert not [f for f in files if f.startswith("_fsdp")] and any(f.startswith("modeling_") for f in files)
     auto = next(auto for auto, name in config["auto_map"].items() if name.endswith("." + cls))
-    card = (saved / family / "card.md").read_text()
-    assert f"{auto}.from_pretrained" in card  # the card's snippet loads the family's head, not the wrapper's
+    if route == "hub":
+        card = (folder / "README.md").read_text()
+        assert f"{auto}.from_pretrained" in card  # the card's snippet loads the family's head, not the wrapper's
     got = run_without_package(f"""
         import json, torch, transformers
         want = torch.load("../want.pt")

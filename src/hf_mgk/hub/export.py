@@ -79,17 +79,33 @@ def save_for_hub(model, folder, tokenizer=None, overwrite=False):
     A non-empty folder is refused unless `overwrite=True`, which replaces all of its contents. The model may be
     wrapped for training (DDP, FSDP, DeepSpeed, torch.compile): the folder holds the model inside. A peft model is
     saved with its adapters merged into a copy of the weights: a checkpoint that loads without peft (peft's own
-    `save_pretrained` saves the adapter alone)."""
+    `save_pretrained` saves the adapter alone). A model sharded by FSDP2 is gathered first, which takes every rank:
+    call this on each (as Trainer's save), and rank 0 writes the folder."""
     model = family_model(model, merged=True)
+    state = _gathered_state_dict(model)
+    if state is not None and torch.distributed.get_rank() != 0:
+        return folder
 
     def write(tmp):
-        model.save_pretrained(tmp, safe_serialization=True)
+        model.save_pretrained(tmp, safe_serialization=True, state_dict=state)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         _write_text(os.path.join(tmp, "README.md"), model_card(model))
 
     _write_fresh(folder, write, overwrite=overwrite)
     return folder
+
+
+def _gathered_state_dict(model):
+    """None, or for a model whose parameters FSDP2 has sharded (DTensors) its whole state dict on rank 0's CPU,
+    gathered from every rank as Trainer gathers it (a collective)."""
+    from torch.distributed.tensor import DTensor
+
+    if not any(isinstance(p, DTensor) for p in model.parameters()):
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def _write_text(path, text):
