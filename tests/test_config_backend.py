@@ -5,7 +5,7 @@ import torch
 
 import hf_mgk
 from hf_mgk import attention_fish, attention_mgk, attention_nprf
-from hf_mgk.configuration_fish_gpt2 import FISH_BACKENDS
+from hf_mgk.configuration_fish import FISH_BACKENDS
 from hf_mgk.configuration_mgk import MGK_BACKENDS
 from hf_mgk.configuration_nprf_roberta import NPRF_BACKENDS
 import tiny

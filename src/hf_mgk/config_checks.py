@@ -9,8 +9,8 @@ import re
 # Inherited float fields of the stock configs (BERT / RoBERTa, GPT-2), checked like the family fields: a NaN or
 # infinite dropout or epsilon gives NaN outputs far from the field that caused them. (name, low, high).
 _PROBABILITIES = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "resid_pdrop",
-                  "embd_pdrop", "attn_pdrop", "summary_first_dropout")
-_POSITIVE = ("initializer_range", "layer_norm_eps", "layer_norm_epsilon")
+                  "embd_pdrop", "attn_pdrop", "summary_first_dropout", "attention_dropout")
+_POSITIVE = ("initializer_range", "layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps")
 
 
 class ValidatedConfig:
@@ -126,6 +126,14 @@ def check_head_dim(hidden_size, num_heads, head_dim, names=("hidden_size", "num_
             )
     else:
         check_int_range("head_dim", head_dim, 1)
+
+
+def check_key_value_heads(num_heads, num_key_value_heads):
+    """Grouped-query attention: the key/value heads are a whole divisor of the query heads, each serving a group."""
+    check_int_range("num_key_value_heads", num_key_value_heads, 1)
+    if num_heads % num_key_value_heads:
+        raise ValueError(f"num_attention_heads ({num_heads}) must be a multiple of num_key_value_heads "
+                         f"({num_key_value_heads}): each key/value head serves a whole group of query heads")
 
 
 # transformers warns "You are using a model of type bert to instantiate a model of type mgk-bert ... can yield

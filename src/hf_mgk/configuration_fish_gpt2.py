@@ -7,17 +7,14 @@ Models" (ICML 2020, arXiv:2002.07028)."""
 
 from transformers.models.gpt2.configuration_gpt2 import GPT2Config
 
-from .config_checks import (ValidatedConfig, check_backend, check_choice, check_float_range, check_head_dim,
-                            check_int_range)
+# transformers 5.8 and 5.9 copy, from a local folder, only the siblings the config file itself imports: so it
+# names every sibling its siblings import, too.
+from .config_checks import ValidatedConfig  # noqa: F401
+from .configuration_fish import FISH_ATTENTION_TYPES, FISH_BACKENDS, FISH_MIXING_INITS, FiSHConfigMixin  # noqa: F401
 from .transformers_compat import ConfigCompat
 
-FISH_ATTENTION_TYPES = ("softmax", "fish", "hard_fish", "gfish", "hard_gfish", "mish")
-FISH_MIXING_INITS = ("mean", "normal")
-# The `backend` field's names: fish_attention's `backend` argument.
-FISH_BACKENDS = ("fused", "recomputed", "blocked", "triton")
 
-
-class FiSHGPT2Config(ValidatedConfig, ConfigCompat, GPT2Config):
+class FiSHGPT2Config(FiSHConfigMixin, ConfigCompat, GPT2Config):
     r"""Every [`GPT2Config`] field, plus:
 
     attention_type (`str`, defaults to `"fish"`):
@@ -41,6 +38,8 @@ class FiSHGPT2Config(ValidatedConfig, ConfigCompat, GPT2Config):
 
     model_type = "fish-gpt2"
     _stock_model_type = "gpt2"  # its checkpoints convert (the warm start); see config_checks
+    _size_names = ("n_embd", "n_head")
+    _positions_field = "n_positions"
 
     attention_type: str = "fish"
     num_global_heads: int = 2
@@ -48,33 +47,6 @@ class FiSHGPT2Config(ValidatedConfig, ConfigCompat, GPT2Config):
     fish_noise_init: float = 0.1
     fish_mixing_init: str = "mean"
     backend: str = "auto"
-
-    def __post_init__(self, **kwargs):
-        super().__post_init__(**kwargs)
-        self.check_fields()
-
-    def check_fields(self):
-        check_choice("attention_type", self.attention_type, FISH_ATTENTION_TYPES)
-        self.check_inherited_fields()
-        check_head_dim(self.n_embd, self.n_head, self.head_dim, names=("n_embd", "n_head"))
-        check_int_range("n_positions", self.n_positions, 1)
-        if self.attention_type != "softmax":
-            if self.n_head < 2:
-                raise ValueError(f"attention_type={self.attention_type!r} needs n_head >= 2 local heads; got {self.n_head}")
-            check_int_range("num_global_heads", self.num_global_heads, 1, self.n_head - 1)
-        else:
-            check_int_range("num_global_heads", self.num_global_heads, 1)  # unused by softmax, but saved
-        check_float_range("fish_noise_init", self.fish_noise_init, 0, float("inf"))
-        check_choice("fish_mixing_init", self.fish_mixing_init, FISH_MIXING_INITS)
-        check_backend(self.backend, self.attention_type, {t: FISH_BACKENDS for t in FISH_ATTENTION_TYPES[1:]})
-
-    @property
-    def attention_head_size(self) -> int:
-        return self.head_dim if self.head_dim is not None else self.n_embd // self.n_head
-
-    @property
-    def is_noisy(self) -> bool:
-        return self.attention_type in ("fish", "gfish", "mish")
 
 
 __all__ = ["FiSHGPT2Config"]

@@ -8,7 +8,8 @@ reproductions and the shared tests all read this registry. Adding a family: docs
 
 from dataclasses import dataclass
 
-from .configuration_fish_gpt2 import FISH_ATTENTION_TYPES, FiSHGPT2Config
+from .configuration_fish import FISH_ATTENTION_TYPES
+from .configuration_fish_gpt2 import FiSHGPT2Config
 from .configuration_mgk import MGK_ATTENTION_TYPES
 from .configuration_mgk_bert import MGKBertConfig
 from .configuration_mgk_gpt2 import MGKGPT2Config

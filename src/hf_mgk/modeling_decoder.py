@@ -33,7 +33,6 @@ from .modeling_common import (
     AttentionImplementationMixin,
     AutoMapMixin,
     attention_mask_from,
-    gathered,
     can_return_tuple,
     check_sequence_length,
     classification_loss,
@@ -45,7 +44,7 @@ from .modeling_common import (
     run_layers,
 )
 from .modeling_heads import CausalLMHeadMixin
-from .modeling_warm_start import WarmStartMixin, WarmStartPlan, hub_kwargs, resolve_keep_heads
+from .modeling_warm_start import WarmStartMixin, WarmStartPlan, converted_model, hub_kwargs, resolve_keep_heads
 from .transformers_compat import PreTrainedConfig, TiedParametersCompat, init
 
 
@@ -208,23 +207,9 @@ class DecoderPreTrainedModel(WarmStartMixin, AutoMapMixin, AttentionImplementati
                 f"into head_dim={config.attention_head_size}, n_embd={config.n_embd}: keep the checkpoint's head size "
                 "and width"
             )
-        # The new model's random start is overwritten by the conversion but for the family's own parameters, which
-        # are drawn again below, in module order: so they follow the RNG as the caller left it, not how the model was
-        # built (inside DeepSpeed ZeRO-3's zero.Init each layer draws as it is built and partitioned).
-        cuda = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
-        with torch.random.fork_rng(devices=cuda):
-            model = cls._from_config(config, dtype=stock.dtype)  # stock.dtype: the `dtype` asked for, or "auto"'s
-        with gathered(stock.parameters()):  # under ZeRO-3 both models are partitioned: whole while converted
-            state = cls._convert_stock_state(stock.state_dict(), config, plan.kept, plan.head_dim)
-        with gathered(model.parameters(), modifier_rank=0):
-            missing, unexpected = model.load_state_dict(state, strict=False)
-            owners = {name.rpartition(".")[0] for name in missing}
-            for name, module in model.named_modules():
-                if name in owners:
-                    model._init_family_weights(module)
-        if unexpected or any(not any(s in k for s in cls._new_parameters) for k in missing):
-            raise RuntimeError(f"GPT-2 conversion left unexpected {unexpected} / missing {missing} weights")
-        model.tie_weights()
+        model, missing = converted_model(cls, config, stock,
+                                         lambda state: cls._convert_stock_state(state, config, plan.kept,
+                                                                                plan.head_dim))
         # As HF reports it: the family's own parameters are not in the checkpoint.
         return model, dict(info, missing_keys=set(info["missing_keys"]) | set(missing))
 

@@ -10,18 +10,16 @@ global Q/K heads). The math lives in `attention_fish.py`; the GPT-2 stack (block
 Imports: torch, transformers and siblings only (remote code).
 """
 
-import math
-
 import torch
 from torch import nn
 from transformers.generation import GenerationMixin
 from transformers.pytorch_utils import Conv1D
 
-from .attention_fish import fish_attention, make_gfish_mixing
 # transformers 5.8 and 5.9 copy, from a local folder, only the siblings the model file itself imports: so it
 # names every sibling its siblings import, too.
 from .attention_autotune import choose  # noqa: F401
 from .attention_blocks import row_blocks  # noqa: F401
+from .attention_fish import fish_attention  # noqa: F401
 from .attention_fish_recomputed import mix  # noqa: F401
 from .attention_fish_triton import fish_triton  # noqa: F401
 # (LOG2E: a name these two have without Triton too)
@@ -30,15 +28,9 @@ from .attention_fish_triton_network import LOG2E  # noqa: F401,F811
 from .attention_masks import allowed_pairs  # noqa: F401
 from .attention_triton import available  # noqa: F401
 from .config_checks import check_int_range  # noqa: F401
+from .configuration_fish import FiSHConfigMixin  # noqa: F401
 from .configuration_fish_gpt2 import FiSHGPT2Config
-from .modeling_common import (
-    cached_length,
-    is_full_mask,
-    mask_for_cached_keys,
-    parent_of,
-    softmax_attention,
-    wants_attentions,
-)
+from .modeling_common import cached_length, mask_for_cached_keys, wants_attentions
 from .modeling_decoder import (
     STOCK_C_ATTN,
     DecoderLMHeadMixin,
@@ -48,41 +40,27 @@ from .modeling_decoder import (
     attention_scaling,
     cache_update,
 )
+from .modeling_fish import FiSHAttentionCore, init_fish_weights
 from .modeling_heads import CausalLMHeadMixin  # noqa: F401
 from .modeling_warm_start import head_index
-from .transformers_compat import init
 
 
-class FiSHGPT2Attention(nn.Module):
+class FiSHGPT2Attention(FiSHAttentionCore):
     """Causal self-attention: softmax (H heads, the baseline) or FiSH (M global Q/K heads, H local value heads).
 
     The KV cache holds what the next tokens need: the M global keys and the H values."""
 
     def __init__(self, config: FiSHGPT2Config, layer_idx=None):
-        super().__init__()
-        self.config = config
+        head_dim = config.attention_head_size
+        num_qk_heads = config.n_head if config.attention_type == "softmax" else config.num_global_heads
+        super().__init__(config, config.n_head, num_qk_heads, head_dim,
+                         attention_scaling(config, layer_idx, head_dim), config.attn_pdrop)
         self.layer_idx = layer_idx
-        self.attention_type = config.attention_type
-        self.is_causal = True
-        self.num_heads = config.n_head
-        self.head_dim = config.attention_head_size
-        self.num_qk_heads = self.num_heads if self.attention_type == "softmax" else config.num_global_heads
-        self.scaling = attention_scaling(config, layer_idx, self.head_dim)
         self.split = (self.num_qk_heads * self.head_dim, self.num_qk_heads * self.head_dim,
                       self.num_heads * self.head_dim)
         self.c_attn = Conv1D(sum(self.split), config.n_embd)
         self.c_proj = Conv1D(config.n_embd, self.num_heads * self.head_dim)
-        self.attn_dropout = nn.Dropout(config.attn_pdrop)
         self.resid_dropout = nn.Dropout(config.resid_pdrop)
-        m, h = self.num_qk_heads, self.num_heads
-        if self.attention_type in ("fish", "hard_fish"):
-            self.mixing = nn.Parameter(torch.full((m, h), 1.0 / m))  # p_kj
-        elif self.attention_type == "mish":
-            self.mixing = nn.Parameter(torch.full((m, 1), 1.0 / m))  # p_k, shared by all local heads
-        elif self.attention_type in ("gfish", "hard_gfish"):
-            self.mixing = make_gfish_mixing(m, h)
-        if config.is_noisy:
-            self.noise_std = nn.Parameter(torch.full((m,), float(config.fish_noise_init)))  # sigma_k
 
     def _heads(self, x, n_heads):
         return x.view(*x.shape[:-1], n_heads, self.head_dim).transpose(1, 2)
@@ -98,19 +76,7 @@ class FiSHGPT2Attention(nn.Module):
             key, value = cache_update(past_key_values, self.layer_idx, key, value)
             attention_mask = mask_for_cached_keys(attention_mask, True, past, query.shape[-2], key.shape[-2],
                                                   key.device)
-        return_weights = wants_attentions(self.config, kwargs)
-        dropout_p = self.attn_dropout.p if self.training else 0.0
-        if self.attention_type == "softmax":
-            out, weights = softmax_attention(self, query, key, value, attention_mask, dropout_p=dropout_p,
-                                             scale=self.scaling, return_weights=return_weights)
-        else:
-            # Evaluation is deterministic: the noise is a training-time regulariser (the authors' LM code adds it
-            # at evaluation too).
-            noise = self.noise_std if self.training and hasattr(self, "noise_std") else None
-            res = fish_attention(query, key, value, self.mixing, scale=self.scaling, noise_std=noise,
-                                 attention_mask=attention_mask, is_causal=not is_full_mask(attention_mask),
-                                 return_weights=return_weights, dropout_p=dropout_p, backend=self.config.backend)
-            out, weights = res if return_weights else (res, None)
+        out, weights = self.attend(query, key, value, attention_mask, wants_attentions(self.config, kwargs))
         out = out.transpose(1, 2).reshape(*hidden_states.shape[:-1], self.num_heads * self.head_dim)
         return self.resid_dropout(self.c_proj(out)), weights
 
@@ -137,27 +103,7 @@ class FiSHGPT2PreTrainedModel(DecoderPreTrainedModel):
     _kept_heads_condition = ", attention_type other than 'softmax'"
 
     def _init_family_weights(self, module):
-        std = self.config.initializer_range
-        authors = getattr(self.config, "fish_mixing_init", "mean") == "normal"  # see FiSHGPT2Config
-        if isinstance(module, nn.Linear) and isinstance(parent_of(self, parent_of(self, module)), FiSHGPT2Attention):
-            # GFiSH's mixing network. "mean": PyTorch's default Linear init (the 0.02-normal init shrinks every mixed
-            # score ~100x at the start); "normal": what the authors' LM training script gives every Linear layer.
-            if authors:
-                init.normal_(module.weight, mean=0.0, std=std)
-                init.zeros_(module.bias)
-            else:
-                bound = 1.0 / math.sqrt(module.in_features)
-                init.uniform_(module.weight, -bound, bound)
-                init.uniform_(module.bias, -bound, bound)
-        elif isinstance(module, FiSHGPT2Attention):
-            if isinstance(getattr(module, "mixing", None), nn.Parameter):
-                # "mean": every local head starts from the mean of the global patterns, slightly perturbed so heads
-                # differ; "normal": N(0, std), as a Linear layer of the authors' LM code.
-                m = module.num_qk_heads
-                start = torch.zeros_like(module.mixing) if authors else torch.full_like(module.mixing, 1.0 / m)
-                init.copy_(module.mixing, start + std * torch.randn_like(module.mixing))
-            if hasattr(module, "noise_std"):
-                init.constant_(module.noise_std, float(self.config.fish_noise_init))
+        init_fish_weights(self, module)
 
     @classmethod
     def _converts_stock(cls, kwargs):

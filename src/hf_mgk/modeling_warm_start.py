@@ -19,6 +19,7 @@ import torch
 from transformers.utils import logging
 
 from .config_checks import check_int_range
+from .modeling_common import gathered
 from .transformers_compat import PreTrainedConfig
 
 # Under transformers' logger: formatted like its load report, and silenced by the same `set_verbosity_*` calls.
@@ -125,6 +126,32 @@ ENCODER_HEAD_TENSORS = {
     r"attention\.output\.dense\.weight": (1, True),  # its input is the concatenated heads
 }
 _LAYER = re.compile(r"(?:^|\.)encoder\.layer\.(\d+)\.")
+
+
+def converted_model(cls, config, stock, convert):
+    """A new `cls` model of `config` holding `convert(stock.state_dict())`, the stock model's weights converted,
+    and the family's own parameters (those the conversion does not give, matching `cls._new_parameters`)
+    initialised by the family's rules. Returns (model, the names of those parameters).
+
+    The new model's random start is overwritten by the conversion but for the family's own parameters, which are
+    drawn again after it, in module order: so they follow the RNG as the caller left it, not how the model was
+    built (inside DeepSpeed ZeRO-3's zero.Init each layer draws as it is built and partitioned). Under ZeRO-3 both
+    models are partitioned: they are gathered while converted."""
+    cuda = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=cuda):
+        model = cls._from_config(config, dtype=stock.dtype)  # stock.dtype: the `dtype` asked for, or "auto"'s
+    with gathered(stock.parameters()):
+        state = convert(stock.state_dict())
+    with gathered(model.parameters(), modifier_rank=0):
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        owners = {name.rpartition(".")[0] for name in missing}
+        for name, module in model.named_modules():
+            if name in owners:
+                model._init_family_weights(module)
+    if unexpected or any(not any(s in k for s in cls._new_parameters) for k in missing):
+        raise RuntimeError(f"{cls.__name__}'s conversion left unexpected {unexpected} / missing {missing} weights")
+    model.tie_weights()
+    return model, missing
 
 
 @dataclass
