@@ -289,7 +289,8 @@ class DecoderLMHeadMixin(CausalLMHeadMixin):
 
 
 class DecoderSequenceClassificationMixin:
-    """GPT-2's sequence classification: `score` on the last real token."""
+    """A decoder's sequence classification (GPT-2's, Llama's): `score` on the last real token of the base model
+    (`base_model_class`, set as the attribute `base_model_prefix` names)."""
 
     _stock_gpt2_class = "GPT2ForSequenceClassification"
     base_model_class = None
@@ -297,17 +298,17 @@ class DecoderSequenceClassificationMixin:
     def __init__(self, config):
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.transformer = self.base_model_class(config)
-        self.score = nn.Linear(config.n_embd, config.num_labels, bias=False)
+        setattr(self, self.base_model_prefix, self.base_model_class(config))
+        self.score = nn.Linear(self.base_model.get_input_embeddings().embedding_dim, config.num_labels, bias=False)
         self.post_init()
 
     @can_return_tuple
     def forward(self, input_ids=None, past_key_values=None, attention_mask=None, token_type_ids=None,
                 position_ids=None, inputs_embeds=None, labels=None, use_cache=None, **kwargs):
         """Classifies from the last real token (GPT-2's rule: the rightmost token that is not padding)."""
-        outputs = self.transformer(input_ids, past_key_values=past_key_values, attention_mask=attention_mask,
-                                   token_type_ids=token_type_ids, position_ids=position_ids,
-                                   inputs_embeds=inputs_embeds, use_cache=use_cache, return_dict=True, **kwargs)
+        outputs = self.base_model(input_ids, past_key_values=past_key_values, attention_mask=attention_mask,
+                                  token_type_ids=token_type_ids, position_ids=position_ids,
+                                  inputs_embeds=inputs_embeds, use_cache=use_cache, return_dict=True, **kwargs)
         logits = self.score(outputs.last_hidden_state)
         batch = logits.shape[0]
         if attention_mask is not None and attention_mask.dim() == 2:

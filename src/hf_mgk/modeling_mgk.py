@@ -41,7 +41,9 @@ class MGKAttentionCore(nn.Module):
     forward's responsibilities) replaces `prior` for the next forward. The model announces each training
     forward by calling `begin_training_forward()` on every attention module before its layers run."""
 
-    def __init__(self, config, num_heads, head_dim, is_causal, dropout_p):
+    def __init__(self, config, num_heads, head_dim, is_causal, dropout_p, key_heads=None):
+        """key_heads: the heads holding keys (grouped-query attention: fewer than the query heads, each serving a
+        group), which own sMGK's shifts; default num_heads."""
         super().__init__()
         self.config = config
         self.dropout = nn.Dropout(dropout_p)  # on the attention probabilities a_ij
@@ -51,7 +53,7 @@ class MGKAttentionCore(nn.Module):
         self.is_causal = is_causal
         self.num_keys = config.num_keys if config.attention_type != "softmax" else 1
         if self.attention_type in ("smgk", "smlk"):
-            self.key_shift = nn.Parameter(torch.zeros(num_heads, self.num_keys, head_dim))
+            self.key_shift = nn.Parameter(torch.zeros(key_heads or num_heads, self.num_keys, head_dim))
         uses_prior = self.attention_type != "softmax" and not (self.is_gaussian and config.e_step == "hard")
         self.prior_type = config.mgk_prior if uses_prior else None
         if self.prior_type == "learned":
@@ -98,7 +100,7 @@ class MGKAttentionCore(nn.Module):
         return keys if self.has_extra_keys else keys[:, :, None] + self.key_shift[None, :, :, None, :]
 
     @torch.no_grad()
-    def _m_step(self, query, keys, attention_mask, is_causal):
+    def _m_step(self, query, all_keys, attention_mask, is_causal):
         """Eq. 8's pi from this forward's finite responsibilities (E-step with the pi in use) into `prior`; heads
         without any finite pair (one non-finite row cannot turn the prior to NaN) keep their pi.
 
@@ -107,7 +109,7 @@ class MGKAttentionCore(nn.Module):
         (one all-reduce of H * (M + 1) numbers per layer), so every rank's pi is the whole batch's, as in one
         process. Every rank must then run the training forward, as data parallelism does anyway."""
         self._m_step_due = False
-        total, pairs = mgk_responsibility_totals(query, self.all_keys(keys), variances=self.variances,
+        total, pairs = mgk_responsibility_totals(query, all_keys, variances=self.variances,
                                                  log_prior=self.log_prior(), attention_mask=attention_mask,
                                                  is_causal=is_causal)
         if _data_parallel():
@@ -117,27 +119,30 @@ class MGKAttentionCore(nn.Module):
         pi = total / pairs
         self.prior.copy_(torch.where(torch.isfinite(pi).all(-1, keepdim=True), pi, self.prior.float()))
 
-    def attend(self, query, keys, value, attention_mask, return_weights, scale=None):
+    def attend(self, query, keys, value, attention_mask, return_weights, scale=None, every_key=False):
         """query (B, H, N, D), keys in their stored form (the softmax baseline: (B, H, S, D)), value (B, H, S, Dv);
         attention_mask: None, bool (B, S) or a caller's whole (B, 1, N, S) mask. Returns (output (B, H, N, Dv),
-        weights or None). `scale`: the softmax baseline's score scale (None = 1/sqrt(D))."""
+        weights or None). `scale`: the softmax baseline's score scale (None = 1/sqrt(D)).
+
+        every_key: the keys are all M of every position already, (B, H, M, S, D), whatever the type (a stack that
+        transforms each key, as rotary positions do, makes option B's shifted keys itself)."""
         dropout_p = self.dropout.p if self.training else 0.0
         if self.attention_type == "softmax":
             return softmax_attention(self, query, keys, value, attention_mask, dropout_p=dropout_p, scale=scale,
                                      return_weights=return_weights)
         is_causal = self.is_causal and not is_full_mask(attention_mask)
         if self.prior_type == "em" and self.training and self._m_step_due:
-            self._m_step(query, keys, attention_mask, is_causal)
+            self._m_step(query, keys if every_key else self.all_keys(keys), attention_mask, is_causal)
         kw = dict(log_prior=self.log_prior(), attention_mask=attention_mask, is_causal=is_causal,
                   return_weights=return_weights, backend=self.config.backend)
-        if self.attention_type == "smgk":  # q.k once for all M shifted keys
+        if self.attention_type == "smgk" and not every_key:  # q.k once for all M shifted keys
             res = smgk_attention(query, keys, self.key_shift, value, variances=self.variances,
                                  e_step=self.config.e_step, dropout_p=dropout_p, **kw)
         elif self.is_gaussian:
-            res = mgk_attention(query, keys, value, variances=self.variances, e_step=self.config.e_step,
-                                dropout_p=dropout_p, **kw)
+            res = mgk_attention(query, keys if every_key else self.all_keys(keys), value, variances=self.variances,
+                                e_step=self.config.e_step, dropout_p=dropout_p, **kw)
         else:
-            res = mlk_attention(query, self.all_keys(keys), value, **kw)
+            res = mlk_attention(query, keys if every_key else self.all_keys(keys), value, **kw)
         out, weights = res if return_weights else (res, None)
         if not self.is_gaussian and dropout_p > 0:
             # Linear attention has no probability matrix to drop: drop on the output instead.
@@ -182,7 +187,8 @@ def init_mgk_weights(model, module):
         with gathered(source.parameters()):
             weight, bias, _ = attention.first_key_parameters()
             init.copy_(module.weight, extra_key_start(weight, std))
-            init.copy_(module.bias, bias)
+            if module.bias is not None:  # (Llama's projections have none unless attention_bias)
+                init.copy_(module.bias, bias)
 
 
 

@@ -144,6 +144,9 @@ def converted_model(cls, config, stock, convert):
         state = convert(stock.state_dict())
     with gathered(model.parameters(), modifier_rank=0):
         missing, unexpected = model.load_state_dict(state, strict=False)
+        for name, tensor in model.state_dict(keep_vars=True).items():
+            if name in state:  # as HF marks what it loads: the family's init below leaves these as they are
+                tensor._is_hf_initialized = True
         owners = {name.rpartition(".")[0] for name in missing}
         for name, module in model.named_modules():
             if name in owners:
