@@ -11,6 +11,8 @@ place or add one at the end (the order matters only to `overrides`' text).
                   padding index 1, so 64 tokens take positions 2..65
     gpt2_size()   n_embd 32, 2 layers, 4 heads (of 8): a decoder's size alone
     gpt2()        vocab_size 99, gpt2_size(), n_positions 64
+    llama()       vocab_size 99, hidden_size 64, 2 layers, 4 query heads and 2 key/value heads of 16,
+                  intermediate_size 37, max_position_embeddings 64, rope_theta 500 (and a rope_scaling type)
 
 Keywords (not config fields):
     dropout=False      the family's dropout fields set to 0.0: BERT / RoBERTa hidden_dropout_prob and
@@ -69,6 +71,18 @@ def gpt2(*, dropout=True, special_ids=False, **overrides):
     special_ids adds pad 0, bos 1, eos 2."""
     return _fields(dict(vocab_size=99, **gpt2_size(), n_positions=POSITIONS), overrides,
                    {} if dropout else GPT2_NO_DROPOUT, GPT2_SPECIAL_IDS if special_ids else {})
+
+
+def llama(*, dropout=True, rope_scaling=None, **overrides):
+    """A tiny Llama-shaped decoder (MGK-Llama, FiSH-Llama, stock Llama): vocab_size 99, hidden_size 64, 2 layers,
+    4 query heads and 2 key/value heads of 16, intermediate_size 37, max_position_embeddings 64, rope_theta 500;
+    rope_scaling: a `rope_parameters` dict of a scaling type (e.g. {"rope_type": "linear", "factor": 2.0}).
+    dropout=False sets attention_dropout 0 (Llama's only dropout)."""
+    rope = {"rope_theta": 500.0, "rope_type": "default", **(rope_scaling or {})}
+    return _fields(dict(vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, intermediate_size=37,
+                        max_position_embeddings=POSITIONS, rope_parameters=rope,
+                        attention_dropout=0.1 if dropout else 0.0), overrides)
 
 
 def overrides(fields):
