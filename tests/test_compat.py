@@ -32,9 +32,13 @@ VERSIONS = os.environ.get("HF_MGK_COMPAT_VERSIONS", "4.57.6,5.0.0,5.9.0,5.23.0")
 BERT = tiny.bert(dropout=False)
 GPT2 = tiny.gpt2(dropout=False, special_ids=True)
 ROBERTA = tiny.roberta(dropout=False, special_ids=True, max_position_embeddings=64, num_random_features=16)
+# a rope_scaling type: every release must read the saved rotary settings (transformers_compat.RopeCompat)
+LLAMA = tiny.llama(dropout=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                   rope_scaling={"rope_type": "linear", "factor": 2.0})
 # A published folder holds the tokenizer too (the card's snippet loads it with AutoTokenizer): one per family.
 TOKENIZERS = {"mgk-mgk": bundled.bert_checkpoint_dir, "fish-fish": bundled.gpt2_tokenizer_dir,
-              "nprf-nprf": bundled.roberta_tokenizer_dir, "mgkgpt2-mgk": bundled.gpt2_tokenizer_dir}
+              "nprf-nprf": bundled.roberta_tokenizer_dir, "mgkgpt2-mgk": bundled.gpt2_tokenizer_dir,
+              "mgkllama-mgk": bundled.gpt2_tokenizer_dir, "fishllama-fish": bundled.gpt2_tokenizer_dir}
 TEXT = "The quick brown fox jumps over the lazy dog. Ünïcödé   spaces!"
 
 
@@ -84,6 +88,16 @@ def _cases():
         ("nprf-seqcls", "NPRFRobertaForSequenceClassification", nprf, dict(ROBERTA, num_labels=3),
          "AutoModelForSequenceClassification"),
         ("nprf-qa", "NPRFRobertaForQuestionAnswering", nprf, ROBERTA, "AutoModelForQuestionAnswering"),
+    ]
+    cases += _mgk_cases("mgkllama", "MGKLlama", "ForCausalLM", hf_mgk.MGKLlamaConfig, LLAMA, "AutoModelForCausalLM")
+    fish_llama = hf_mgk.FiSHLlamaConfig
+    for kind in ("softmax", "fish", "hard_fish", "gfish", "hard_gfish", "mish"):
+        cases.append((f"fishllama-{kind}", "FiSHLlamaForCausalLM", fish_llama, dict(LLAMA, attention_type=kind),
+                      "AutoModelForCausalLM"))
+    cases += [
+        ("fishllama-base", "FiSHLlamaModel", fish_llama, LLAMA, "AutoModel"),
+        ("fishllama-seqcls", "FiSHLlamaForSequenceClassification", fish_llama, dict(LLAMA, num_labels=3),
+         "AutoModelForSequenceClassification"),
     ]
     return cases
 
@@ -237,8 +251,9 @@ def _compare(got, want, case):
 
 
 @pytest.mark.parametrize("name", ["modeling_mgk_bert", "modeling_fish_gpt2", "modeling_nprf_roberta",
-                                  "modeling_mgk_gpt2", "configuration_mgk_bert", "configuration_fish_gpt2",
-                                  "configuration_nprf_roberta", "configuration_mgk_gpt2"])
+                                  "modeling_mgk_gpt2", "modeling_mgk_llama", "modeling_fish_llama",
+                                  "configuration_mgk_bert", "configuration_fish_gpt2", "configuration_nprf_roberta",
+                                  "configuration_mgk_gpt2", "configuration_mgk_llama", "configuration_fish_llama"])
 def test_each_entry_file_imports_every_sibling_it_needs_itself(name):
     """transformers 5.8 and 5.9 copy, from a local folder, only the siblings an entry file (the one `auto_map`
     names) imports itself, then import them all: a sibling needed only by a sibling would be missing there."""

@@ -197,6 +197,8 @@ CHILD = textwrap.dedent(r'''
     tiny = {"bert": dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=32),
             "gpt2": dict(n_embd=32, n_layer=1, n_head=4)}
     tiny["roberta"] = tiny["bert"]
+    tiny["llama"] = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=32)
     for family in FAMILIES.values():
         folder = os.path.join(job["tmp"], "carried", family.name)
         family.auto_map["AutoModel"](family.config_class(**tiny[family.stock])).save_pretrained(folder)

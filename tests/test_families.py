@@ -71,7 +71,8 @@ def test_the_registry_agrees_with_the_classes_and_files(name):
     assert family.half_heads <= (family.heads_field is not None)  # halving needs a head count to set
     assert os.path.isfile(os.path.join(CARDS, family.card))
     assert set(family.classes) <= set(TASK_AUTO) and "base" in family.classes
-    assert family.decoder == hasattr(config, "n_head")  # GPT-2's stack reads left to right
+    # a decoder stack (GPT-2's, Llama's) reads left to right: its causal LM is no encoder made causal
+    assert family.decoder == ("clm" in family.classes and not family.causal_lm_is_decoder)
     # positions after the padding index: RoBERTa's fairseq numbering, seen by the scripts' length limit
     limit, why = training.position_limit(family.config_class(pad_token_id=1))
     if family.positions_after_padding:
@@ -81,10 +82,12 @@ def test_the_registry_agrees_with_the_classes_and_files(name):
 
 
 def test_stock_types_and_the_attention_that_names_a_family():
-    assert STOCK_FAMILIES == {"bert": ("mgk-bert",), "gpt2": ("fish-gpt2", "mgk-gpt2"), "roberta": ("nprf-roberta",)}
-    gpt2 = family_of_attention("gpt2")
+    assert STOCK_FAMILIES == {"bert": ("mgk-bert",), "gpt2": ("fish-gpt2", "mgk-gpt2"), "roberta": ("nprf-roberta",),
+                              "llama": ("mgk-llama", "fish-llama")}
+    gpt2, llama = family_of_attention("gpt2"), family_of_attention("llama")
     assert gpt2["mgk"] == gpt2["smlk"] == "mgk-gpt2" and gpt2["gfish"] == gpt2["mish"] == "fish-gpt2"
-    assert "softmax" not in gpt2  # every family has it: names none
+    assert llama["mgk"] == llama["smlk"] == "mgk-llama" and llama["gfish"] == llama["mish"] == "fish-llama"
+    assert "softmax" not in gpt2 and "softmax" not in llama  # every family has it: names none
     assert family_of_attention("bert")["mgk"] == "mgk-bert"
 
 

@@ -102,6 +102,7 @@ else:
     BERT = tiny.bert(type_vocab_size=2)
     GPT2 = tiny.gpt2(n_inner=37, special_ids=True)
     ROBERTA = tiny.roberta(special_ids=True, max_position_embeddings=64, type_vocab_size=1, num_random_features=16)
+    LLAMA = tiny.llama(hidden_size=32, head_dim=8, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
     SDPA_TEST = "test_eager_matches_sdpa_inference"
     # Tests that do not apply to the attention types other than softmax, by design: {name or name prefix: reason}.
@@ -160,6 +161,7 @@ else:
     # with the family's own attention); NPRF-RoBERTa's causal LM runs in its decoder cases.
     MGK, FISH, MGK_GPT2 = (tuple(FAMILIES[f].auto_map.values()) for f in ("mgk-bert", "fish-gpt2", "mgk-gpt2"))
     NPRF = tuple(c for c in FAMILIES["nprf-roberta"].auto_map.values() if c is not hf_mgk.NPRFRobertaForCausalLM)
+    MGK_LLAMA, FISH_LLAMA = (tuple(FAMILIES[f].auto_map.values()) for f in ("mgk-llama", "fish-llama"))
 
     MGKBertSoftmaxTest = family_case("MGKBertSoftmaxTest", hf_mgk.MGKBertConfig,
                                      dict(BERT, attention_type="softmax"), MGK, token_type_ids=True)
@@ -186,3 +188,16 @@ else:
                                                (hf_mgk.NPRFRobertaForCausalLM,), REPEATED)
     NPRFRobertaCausalNPRFTest = family_case("NPRFRobertaCausalNPRFTest", hf_mgk.NPRFRobertaConfig,
                                             dict(ROBERTA, is_decoder=True), (hf_mgk.NPRFRobertaForCausalLM,), OWN_KERNEL)
+    MGKLlamaSoftmaxTest = family_case("MGKLlamaSoftmaxTest", hf_mgk.MGKLlamaConfig,
+                                      dict(LLAMA, attention_type="softmax"), MGK_LLAMA, REPEATED)
+    MGKLlamaMGKTest = family_case("MGKLlamaMGKTest", hf_mgk.MGKLlamaConfig, dict(LLAMA, attention_type="mgk"),
+                                  MGK_LLAMA[:2], OWN_KERNEL)
+    MGKLlamaHardSMGKEMTest = family_case("MGKLlamaHardSMGKEMTest", hf_mgk.MGKLlamaConfig,
+                                         dict(LLAMA, attention_type="smgk", e_step="hard", mgk_prior="em"),
+                                         MGK_LLAMA[:2], OWN_KERNEL)
+    FiSHLlamaSoftmaxTest = family_case("FiSHLlamaSoftmaxTest", hf_mgk.FiSHLlamaConfig,
+                                       dict(LLAMA, attention_type="softmax"), FISH_LLAMA, REPEATED)
+    FiSHLlamaFiSHTest = family_case("FiSHLlamaFiSHTest", hf_mgk.FiSHLlamaConfig, dict(LLAMA, attention_type="fish"),
+                                    FISH_LLAMA[:2], OWN_KERNEL)
+    FiSHLlamaHardFiSHTest = family_case("FiSHLlamaHardFiSHTest", hf_mgk.FiSHLlamaConfig,
+                                        dict(LLAMA, attention_type="hard_fish"), FISH_LLAMA[:2], OWN_KERNEL)

@@ -10,6 +10,8 @@ from .configuration_fish_gpt2 import FiSHGPT2Config
 from .configuration_nprf_roberta import NPRFRobertaConfig
 from .configuration_mgk_bert import MGKBertConfig
 from .configuration_mgk_gpt2 import MGKGPT2Config
+from .configuration_mgk_llama import MGKLlamaConfig
+from .configuration_fish_llama import FiSHLlamaConfig
 from .modeling_mgk_bert import (
     MGKBertForMaskedLM,
     MGKBertForQuestionAnswering,
@@ -19,6 +21,8 @@ from .modeling_mgk_bert import (
 )
 from .modeling_mgk_gpt2 import MGKGPT2ForSequenceClassification, MGKGPT2LMHeadModel, MGKGPT2Model
 from .modeling_fish_gpt2 import FiSHGPT2ForSequenceClassification, FiSHGPT2LMHeadModel, FiSHGPT2Model
+from .modeling_mgk_llama import MGKLlamaForCausalLM, MGKLlamaForSequenceClassification, MGKLlamaModel
+from .modeling_fish_llama import FiSHLlamaForCausalLM, FiSHLlamaForSequenceClassification, FiSHLlamaModel
 from .modeling_nprf_roberta import (
     NPRFRobertaForCausalLM,
     NPRFRobertaForMaskedLM,
@@ -79,4 +83,12 @@ __all__ = [
     "MGKGPT2Model",
     "MGKGPT2LMHeadModel",
     "MGKGPT2ForSequenceClassification",
+    "MGKLlamaConfig",
+    "MGKLlamaModel",
+    "MGKLlamaForCausalLM",
+    "MGKLlamaForSequenceClassification",
+    "FiSHLlamaConfig",
+    "FiSHLlamaModel",
+    "FiSHLlamaForCausalLM",
+    "FiSHLlamaForSequenceClassification",
 ]

@@ -11,10 +11,10 @@ from transformers.models.llama.configuration_llama import LlamaConfig
 # names every sibling its siblings import, too.
 from .config_checks import ValidatedConfig, check_key_value_heads  # noqa: F401
 from .configuration_fish import FISH_ATTENTION_TYPES, FiSHConfigMixin  # noqa: F401
-from .transformers_compat import ConfigCompat
+from .transformers_compat import ConfigCompat, RopeCompat
 
 
-class FiSHLlamaConfig(FiSHConfigMixin, ConfigCompat, LlamaConfig):
+class FiSHLlamaConfig(FiSHConfigMixin, ConfigCompat, RopeCompat, LlamaConfig):
     r"""Every [`LlamaConfig`] field (rotary positions with its `rope_scaling` / `rope_parameters` types,
     `num_key_value_heads`, `head_dim`, `attention_bias`, `attention_dropout`, ...), plus the FiSH fields of
     `FiSHGPT2Config`:
@@ -32,6 +32,10 @@ class FiSHLlamaConfig(FiSHConfigMixin, ConfigCompat, LlamaConfig):
 
     model_type = "fish-llama"
     _stock_model_type = "llama"  # its checkpoints convert (the warm start); see config_checks
+    # No tensor- or pipeline-parallel plan: LlamaConfig's shards Llama's own projections by heads, which this
+    # family's attention lays out otherwise.
+    base_model_tp_plan = None
+    base_model_pp_plan = None
     _all_global_heads = True
 
     attention_type: str = "fish"

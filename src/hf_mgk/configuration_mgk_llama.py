@@ -10,10 +10,10 @@ from transformers.models.llama.configuration_llama import LlamaConfig
 # names every sibling its siblings import, too.
 from .config_checks import ValidatedConfig, check_key_value_heads  # noqa: F401
 from .configuration_mgk import MGK_ATTENTION_TYPES, MGKConfigMixin  # noqa: F401
-from .transformers_compat import ConfigCompat
+from .transformers_compat import ConfigCompat, RopeCompat
 
 
-class MGKLlamaConfig(MGKConfigMixin, ConfigCompat, LlamaConfig):
+class MGKLlamaConfig(MGKConfigMixin, ConfigCompat, RopeCompat, LlamaConfig):
     r"""Every [`LlamaConfig`] field (rotary positions with its `rope_scaling` / `rope_parameters` types,
     `num_key_value_heads`, `head_dim`, `attention_bias`, `attention_dropout`, ...), plus the MGK fields of
     `MGKBertConfig`, checked by the same code:
@@ -34,6 +34,10 @@ class MGKLlamaConfig(MGKConfigMixin, ConfigCompat, LlamaConfig):
 
     model_type = "mgk-llama"
     _stock_model_type = "llama"  # its checkpoints convert (the warm start); see config_checks
+    # No tensor- or pipeline-parallel plan: LlamaConfig's shards Llama's own projections by heads, which this
+    # family's attention lays out otherwise.
+    base_model_tp_plan = None
+    base_model_pp_plan = None
 
     attention_type: str = "mgk"
     num_keys: int = 2

@@ -12,11 +12,15 @@ from .configuration_fish import FISH_ATTENTION_TYPES
 from .configuration_fish_gpt2 import FiSHGPT2Config
 from .configuration_mgk import MGK_ATTENTION_TYPES
 from .configuration_mgk_bert import MGKBertConfig
+from .configuration_fish_llama import FiSHLlamaConfig
 from .configuration_mgk_gpt2 import MGKGPT2Config
+from .configuration_mgk_llama import MGKLlamaConfig
 from .configuration_nprf_roberta import NPRFRobertaConfig
 from .modeling_fish_gpt2 import FiSHGPT2PreTrainedModel
 from .modeling_mgk_bert import MGKBertPreTrainedModel
+from .modeling_fish_llama import FiSHLlamaPreTrainedModel
 from .modeling_mgk_gpt2 import MGKGPT2PreTrainedModel
+from .modeling_mgk_llama import MGKLlamaPreTrainedModel
 from .modeling_nprf_roberta import NPRFRobertaPreTrainedModel
 
 # The scripts' task names -> the Auto class that loads a model for it.
@@ -95,6 +99,12 @@ FAMILIES = {f.name: f for f in (
            stock_title="RoBERTa", stock_example="roberta-base", attention_types=("softmax", "nprf"),
            default_attention="nprf", heads_field="num_attention_heads", positions_after_padding=True,
            causal_lm_is_decoder=True),
+    Family("mgk-llama", "MGK-Llama", MGKLlamaConfig, MGKLlamaPreTrainedModel, stock="llama", stock_title="Llama",
+           stock_example="HuggingFaceTB/SmolLM2-135M", attention_types=MGK_ATTENTION_TYPES, default_attention="mgk",
+           decoder=True),
+    Family("fish-llama", "FiSH-Llama", FiSHLlamaConfig, FiSHLlamaPreTrainedModel, stock="llama",
+           stock_title="Llama", stock_example="HuggingFaceTB/SmolLM2-135M", attention_types=FISH_ATTENTION_TYPES,
+           default_attention="hard_fish", decoder=True),
 )}
 
 # A stock checkpoint's model_type -> the families that warm-start from it, the default (first registered) first.

@@ -43,6 +43,7 @@ from .modeling_decoder import (
 from .modeling_fish import FiSHAttentionCore, init_fish_weights
 from .modeling_heads import CausalLMHeadMixin  # noqa: F401
 from .modeling_warm_start import head_index
+from .transformers_compat import init  # noqa: F401
 
 
 class FiSHGPT2Attention(FiSHAttentionCore):

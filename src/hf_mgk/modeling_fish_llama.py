@@ -43,6 +43,7 @@ from .modeling_llama_stack import (
     expand_groups,
     rotate,
 )
+from .modeling_warm_start import converted_model  # noqa: F401
 from .transformers_compat import init  # noqa: F401
 
 

@@ -36,6 +36,7 @@ from .modeling_llama_stack import (
     rotate,
 )
 from .modeling_mgk import SEPARATE_KEY_TYPES, MGKAttentionCore, extra_key_start, init_mgk_weights
+from .modeling_warm_start import converted_model  # noqa: F401
 from .transformers_compat import init  # noqa: F401
 
 

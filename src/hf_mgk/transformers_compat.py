@@ -66,6 +66,23 @@ except ImportError:  # 4.x loads first and initialises only the modules left inc
     }, copy_=_unless_loaded(torch.Tensor.copy_))
 
 
+class RopeCompat:
+    """List right before a Llama-family config class. transformers 5 keeps the rotary settings in `rope_parameters`;
+    4.x reads `rope_theta` and `rope_scaling` and ignores `rope_parameters`, so a config.json saved on 5.x would
+    load there with the default rotary base. Saved with both forms, every release reads its own (5.x accepts the
+    4.x names too)."""
+
+    def to_dict(self):
+        out = super().to_dict()
+        rope = out.get("rope_parameters")
+        if isinstance(rope, dict) and out.get("rope_theta") is None:
+            out["rope_theta"] = rope.get("rope_theta")
+            scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+            out["rope_scaling"] = None if set(scaling) <= {"rope_type"} and scaling.get("rope_type", "default") \
+                == "default" else scaling
+        return out
+
+
 class TiedParametersCompat:
     """List before `PreTrainedModel`. transformers 5.3.0 drops a custom-code model's tied parameters from the missing
     keys before it ties them (`mark_tied_weights_as_initialized`), so after `from_pretrained` they are left on the
@@ -82,4 +99,4 @@ class TiedParametersCompat:
         return result
 
 
-__all__ = ["ConfigCompat", "PreTrainedConfig", "TiedParametersCompat", "init"]
+__all__ = ["ConfigCompat", "PreTrainedConfig", "RopeCompat", "TiedParametersCompat", "init"]
