@@ -388,15 +388,21 @@ def test_task_name_alone_reads_nyu_mll_glue(tmp_path):
 # ---------------------------------------------------------------- the other families, warm starts, own tasks
 
 
-@pytest.mark.parametrize("family, fields", [("fish-gpt2", "num_global_heads=2"), ("mgk-gpt2", "num_keys=2")])
-def test_gpt2_families_from_scratch_pad_with_end_of_text(family, fields, tmp_path, gpt2_tokenizer_dir, caplog):
-    """GPT-2's classifiers read the last token that is not padding: every decoder family gets the pad id."""
+LLAMA_SIZE = "hidden_size=32,num_hidden_layers=2,num_attention_heads=4,num_key_value_heads=2,intermediate_size=37"
+
+
+@pytest.mark.parametrize("family, fields", [
+    ("fish-gpt2", "n_embd=32,n_layer=2,n_head=4,num_global_heads=2,n_positions=64"),
+    ("mgk-gpt2", "n_embd=32,n_layer=2,n_head=4,num_keys=2,n_positions=64"),
+    ("mgk-llama", LLAMA_SIZE + ",num_keys=2"), ("fish-llama", LLAMA_SIZE + ",num_global_heads=2")])
+def test_decoder_families_from_scratch_pad_with_end_of_text(family, fields, tmp_path, gpt2_tokenizer_dir, caplog):
+    """A decoder's classifier reads the last token that is not padding: every decoder family (GPT-2's, Llama's,
+    with GPT-2's tokenizer, which has no padding token) gets the pad id."""
     options, rows = task_files(str(tmp_path / "data"), "rte")
     out = str(tmp_path / "out")
     with caplog.at_level(logging.INFO):
         results = run_glue.main(
-            ["--model_type", family, "--config_overrides",
-             f"n_embd=32,n_layer=2,n_head=4,{fields},n_positions=64,initializer_range=0.3",
+            ["--model_type", family, "--config_overrides", f"{fields},initializer_range=0.3",
              "--tokenizer_name", gpt2_tokenizer_dir, "--task_name", "rte", "--do_train", "--do_eval",
              "--no_pad_to_max_length", "--log_level", "info", "--output_dir", out]
             + as_args(options) + COMMON)

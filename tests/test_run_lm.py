@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers import (AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, BertConfig, BertForMaskedLM,
-                          GPT2Config, GPT2LMHeadModel)
+                          GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM)
 
 import hf_mgk
 from hf_mgk import bundled, training
@@ -33,8 +33,10 @@ TINY = {  # --config_overrides text (the vocabulary is the tokenizer's)
                                                   num_random_features=16)),
     "fish-gpt2": tiny.overrides(tiny.gpt2_size(n_inner=37, n_positions=tiny.POSITIONS, num_global_heads=2)),
     "mgk-gpt2": tiny.overrides(tiny.gpt2_size(n_inner=37, n_positions=tiny.POSITIONS, num_keys=2)),
+    "mgk-llama": tiny.overrides({k: v for k, v in tiny.llama().items() if k not in ("vocab_size", "rope_parameters")}),
+    "fish-llama": tiny.overrides({k: v for k, v in tiny.llama().items() if k not in ("vocab_size", "rope_parameters")}),
 }
-GPT2_FAMILIES = ("fish-gpt2", "mgk-gpt2")
+GPT2_FAMILIES = ("fish-gpt2", "mgk-gpt2", "mgk-llama", "fish-llama")  # (the Llama families too: GPT-2's tokenizer)
 NO_DROPOUT = {"mgk-bert": "hidden_dropout_prob=0,attention_probs_dropout_prob=0",
               "fish-gpt2": "attention_type=hard_fish,resid_pdrop=0,embd_pdrop=0,attn_pdrop=0"}
 
@@ -80,6 +82,16 @@ def save_tiny_stock_gpt2(folder):
 @pytest.fixture(scope="module")
 def stock_gpt2_dir(work):
     return save_tiny_stock_gpt2(work / "stock-gpt2")
+
+
+@pytest.fixture(scope="module")
+def stock_llama_dir(work):
+    """A tiny stock LlamaForCausalLM (4 query heads and 2 key/value heads of 16, seed 0) with GPT-2's tokenizer."""
+    tokenizer = AutoTokenizer.from_pretrained(bundled.gpt2_tokenizer_dir())
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**tiny.llama(vocab_size=len(tokenizer)))).save_pretrained(work / "stock-llama")
+    tokenizer.save_pretrained(work / "stock-llama")
+    return str(work / "stock-llama")
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +185,7 @@ def check_clm_metrics(out, results, texts):
     return model
 
 
-@pytest.mark.parametrize("family", ["fish-gpt2", "mgk-gpt2", "nprf-roberta"])
+@pytest.mark.parametrize("family", ["fish-gpt2", "mgk-gpt2", "nprf-roberta", "mgk-llama", "fish-llama"])
 def test_clm_perplexity_and_accuracy_recomputed(family, texts, work, gpt2_dir, roberta_dir, tmp_path):
     """FiSH-GPT2 (arguments from a .json file), MGK-GPT2 and NPRF-RoBERTa as a decoder, from scratch: train 2
     steps, then eval_loss, perplexity and next-token accuracy against the saved model run on blocks cut here."""
@@ -225,6 +237,27 @@ def test_clm_warm_starts_mgk_gpt2_from_a_stock_gpt2(options, attention, heads, t
     assert (kept_query - stock_query).abs().max() < 1e-3 < stock_query.abs().max()
     run = read_json(out / training.RUN_FILE)
     assert (run["task"], run["family"]) == ("text-generation", "mgk-gpt2")
+
+
+@pytest.mark.parametrize("options, family, attention", [
+    (["--attention_overrides", "attention_type=hard_fish,num_global_heads=2"], "fish-llama", "hard_fish"),
+    (["--family", "mgk-llama"], "mgk-llama", "mgk"),  # the family's default attention
+    ([], "mgk-llama", "mgk"),  # a stock Llama warm-starts its first registered family by default
+])
+def test_clm_warm_starts_the_llama_families_from_a_stock_llama(options, family, attention, texts, work,
+                                                                stock_llama_dir, tmp_path):
+    """A stock Llama checkpoint converts on --model_name_or_path: the saved model is the family's, two Adam steps
+    away from the checkpoint's weights, and its metrics are recomputed."""
+    out = tmp_path / "out"
+    results = run_clm.main(["--model_name_or_path", stock_llama_dir, *options, *common(texts, out, work),
+                            "--do_train", "--do_eval", "--block_size", "32"])
+    model = check_clm_metrics(out, results, texts)
+    assert (model.config.model_type, model.config.attention_type) == (family, attention)
+    stock = load_file(os.path.join(stock_llama_dir, "model.safetensors"))
+    start, trained = stock["model.embed_tokens.weight"], model.model.embed_tokens.weight.detach()
+    assert (trained - start).abs().max() < 1e-3 < start.abs().max()  # two Adam steps of 5e-5 from the checkpoint's
+    run = read_json(out / training.RUN_FILE)
+    assert (run["task"], run["family"]) == ("text-generation", family)
 
 
 def _family(*argv):

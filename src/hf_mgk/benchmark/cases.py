@@ -1,10 +1,12 @@
 """The benchmark's families (--family): for each, the whole models it compares with its baseline at which lengths
 (`cases`: name -> (model kind of models.BUILDERS, config overrides)), and what it prints besides the models'
-table: its attention-alone tables (`runner` before the models, `after` them) and its own tables (`tables`, and
-`train_tables` for the train mode). A family's first docstring line titles its tables."""
+table: its attention-alone tables (`runner` before the models, `after` them), its own tables (`tables`, and
+`train_tables` for the train mode) and its whole models' decoding table (`decode`, after the models' tables, with
+--models-only too). A family's first docstring line titles its tables."""
 
 from .attention import run_fish_attention, run_mgk_attention
-from .models import BERT_SIZE, FISH_DEFAULT, GPT2_SIZE, NPRF_WIDTH
+from .decode import print_decode_table
+from .models import BERT_SIZE, FISH_DEFAULT, GPT2_SIZE, LLAMA_SIZE, NPRF_WIDTH
 from .nprf import run_nprf
 from .tables import print_equal_params, print_flop_table, print_param_table
 
@@ -100,3 +102,27 @@ def mgk_gpt2_cases(args, head_dim=None):
             "cases": {base: ("gpt2", {**size, "n_head": heads}),
                       f"MGK-GPT2 soft, {heads // 2} heads": ("mgk_gpt2", half),
                       f"MGK-GPT2 hard, {heads // 2} heads": ("mgk_gpt2", {**half, "e_step": "hard"})}}
+
+
+@family("llama")
+def llama_cases(args, head_dim=None):
+    """MGK-Llama (M=2 keys) and FiSH-Llama (hard FiSH) vs Llama (SDPA) of the same width and key/value heads."""
+    heads, m = args.heads, args.global_heads
+    size = _width(heads, head_dim, "hidden_size", "intermediate_size")
+    head_dim = head_dim or LLAMA_SIZE["hidden_size"] // heads
+    kv = LLAMA_SIZE["num_key_value_heads"]
+    shape = {**size, "num_attention_heads": heads, "head_dim": head_dim}
+    base = f"Llama, {heads} heads, {kv} KV heads (SDPA)"
+    return {
+        "lengths": args.lengths or [256, 512, 1024, 2048],
+        "baseline": base,
+        "cases": {
+            base: ("llama", shape),
+            f"MGK-Llama soft, {heads} heads, M=2": ("mgk_llama", {**shape, "num_keys": 2}),
+            f"MGK-Llama soft, {heads // 2} heads, M=2": ("mgk_llama", {**shape, "num_attention_heads": heads // 2,
+                                                                       "num_keys": 2}),
+            f"FiSH-Llama hard_fish, {heads}+{m} heads": ("fish_llama", {**shape, "num_global_heads": m,
+                                                                        "attention_type": "hard_fish"}),
+        },
+        "decode": print_decode_table,
+    }

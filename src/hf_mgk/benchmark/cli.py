@@ -6,6 +6,7 @@
     python scripts/benchmark.py --family nprf                 # NPRF paths vs SDPA; NPRF-RoBERTa vs RoBERTa, Longformer
     python scripts/benchmark.py --family headsize             # fixed head sizes 128 / 32 vs BERT's 64, equal parameters
     python scripts/benchmark.py --family mgk-gpt2             # MGK-GPT2 (H/2 heads) vs GPT-2 (H heads, SDPA)
+    python scripts/benchmark.py --family llama                # MGK-Llama, FiSH-Llama vs Llama: step, KV cache, decode
     python scripts/benchmark.py --family mgk --head-dims 32 64 128 --lengths 512 --figures figs   # ratio vs head size
     python scripts/benchmark.py --family all --models-only --mode both --interleave --lengths 256 512 1024 2048 \
         --csv results.csv --markdown results.md --figures figures      # the README's results table and figures
@@ -50,6 +51,7 @@ import torch
 from . import measure, models
 from .attention import measure_alone_interleaved, measure_fish_attention, measure_mgk_attention
 from .cases import FAMILIES
+from .decode import measure_decode
 from .figures import figure_paths, write_figures
 from .models import FISH_DEFAULT, FISH_TYPES
 from .nprf import measure_attention
@@ -57,6 +59,7 @@ from .tables import make_rows, print_table, write_csv, write_markdown
 
 # What a child can be asked to run (measure.call_child names one; the child prints its result as JSON).
 CHILD_FUNCTIONS = {"measure": measure.measure, "measure_interleaved": measure.measure_interleaved,
+                   "measure_decode": measure_decode,
                    "measure_attention": measure_attention,
                    "measure_mgk_attention": measure_mgk_attention, "measure_fish_attention": measure_fish_attention,
                    "measure_alone_interleaved": measure_alone_interleaved}
@@ -67,7 +70,7 @@ def build_parser():
     p.add_argument("--family", choices=sorted(FAMILIES) + ["all"], default="all")
     p.add_argument("--lengths", type=int, nargs="*", help="sequence lengths (default: per family)")
     p.add_argument("--heads", type=int, default=8, help="the baseline's heads H")
-    p.add_argument("--global-heads", type=int, default=2, help="FiSH's global heads M (fish family)")
+    p.add_argument("--global-heads", type=int, default=2, help="FiSH's global heads M (fish and llama families)")
     p.add_argument("--fish-types", nargs="*", choices=FISH_TYPES,
                    help=f"FiSH attention types (fish family; default: {' '.join(FISH_DEFAULT)})")
     p.add_argument("--batch", type=int, default=1)
@@ -164,6 +167,8 @@ def main(argv=None):
                 print_table(title, spec, family_rows)
                 for table in spec.get("tables", []) + (spec.get("train_tables", []) if mode == "train" else []):
                     table(title, spec, results)
+            if first and "decode" in spec and not args.attention_only:
+                spec["decode"](args, spec)
             for extra in spec.get("after", []) if first and not args.models_only else []:
                 extra(args, spec)
         for mode, paths in figures.get(name, {}).items():

@@ -34,6 +34,10 @@ BERT_SIZE = dict(hidden_size=512, num_hidden_layers=2, intermediate_size=2048, v
                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 GPT2_SIZE = dict(n_embd=512, n_layer=2, n_inner=2048, vocab_size=1000, bos_token_id=0, eos_token_id=0,
                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+# Llama's shape at the width of the others: 8 query heads of 64 sharing 2 key/value heads, SwiGLU 1408 (~ 8/3 d).
+LLAMA_SIZE = dict(hidden_size=512, num_hidden_layers=2, intermediate_size=1408, vocab_size=1000,
+                  num_attention_heads=8, num_key_value_heads=2, head_dim=64, bos_token_id=0, eos_token_id=0,
+                  attention_dropout=0.0)
 FISH_TYPES = ("hard_fish", "fish", "mish", "hard_gfish", "gfish")
 FISH_DEFAULT = ("hard_fish", "fish", "mish", "hard_gfish")  # gfish = hard_gfish + noise: --fish-types to add
 
@@ -78,6 +82,12 @@ BUILDERS = {
                           offset=2),
     "mgk_gpt2": Builder("hf_mgk", *_names("mgk-gpt2"), GPT2_SIZE, "n_positions", 1024, {}, None,
                         attention="attn"),
+    "llama": Builder("transformers", "LlamaConfig", "LlamaModel", LLAMA_SIZE, "max_position_embeddings", 1024, {},
+                     "sdpa", attention="self_attn"),
+    "mgk_llama": Builder("hf_mgk", *_names("mgk-llama"), LLAMA_SIZE, "max_position_embeddings", 1024, {}, None,
+                         attention="self_attn"),
+    "fish_llama": Builder("hf_mgk", *_names("fish-llama"), LLAMA_SIZE, "max_position_embeddings", 1024, {}, None,
+                          attention="self_attn"),
 }
 
 

@@ -193,21 +193,25 @@ def base_model(plan):
 
 
 def new_model_kwargs(model_args, tokenizer):
-    """A model from scratch takes the tokenizer's padding id unless --config_overrides sets one: a config's default
-    belongs to its own family's tokenizer (NPRF-RoBERTa counts positions from its pad id, BERT's [PAD] is 0)."""
+    """A model from scratch takes the tokenizer's vocabulary size and padding id unless --config_overrides sets
+    them: a config's defaults belong to its own family's tokenizer (NPRF-RoBERTa counts positions from its pad id,
+    BERT's [PAD] is 0, Llama's vocabulary of 32000 is smaller than GPT-2's, whose pad id would not fit in it)."""
     if model_args.model_type is None or model_args.model_name_or_path or model_args.config_name:
         return {}
     config_class = FAMILIES[model_args.model_type].config_class
-    if tokenizer.pad_token_id is None or "pad_token_id" in parse_overrides(
-            model_args.config_overrides, config_class, "--config_overrides"):
-        return {}
-    return {"pad_token_id": tokenizer.pad_token_id}
+    overrides = parse_overrides(model_args.config_overrides, config_class, "--config_overrides")
+    kwargs = {} if "vocab_size" in overrides else {"vocab_size": len(tokenizer)}
+    if tokenizer.pad_token_id is not None and "pad_token_id" not in overrides:
+        kwargs["pad_token_id"] = tokenizer.pad_token_id
+    return kwargs
 
 
 def position_limit(config):
     """(the longest input the model's absolute position table takes, why); (None, why) without such a table."""
     if getattr(config, "use_absolute_positions", True) is False:
         return None, "use_absolute_positions=False"
+    if getattr(config, "rope_parameters", None) is not None or getattr(config, "rope_theta", None) is not None:
+        return None, "rotary positions, no position table"  # (Llama's: max_position_embeddings is no limit)
     family = FAMILIES.get(config.model_type)
     if family is not None and family.positions_after_padding:  # fairseq positions start after the padding index
         offset = config.pad_token_id + 1
