@@ -131,6 +131,30 @@ def test_mgk_extra_keys_start_from_the_stock_keys(stock_folders):
     assert shift.shape == (2, 2, 16) and torch.equal(shift[:, 0], torch.zeros(2, 16)) and shift[:, 1].abs().sum() > 0
 
 
+def test_mgk_with_one_key_is_stock_attention_less_the_key_norm(stock_folders):
+    """MGK's score -||q - k||^2 / (2 sigma^2) with sigma^2 = sqrt(D) is softmax's q.k / sqrt(D) plus -||k||^2 /
+    (2 sqrt(D)) per key (the ||q||^2 term cancels): the term docs/usage.md measures the conversion by."""
+    import math
+
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
+
+    stock = _stock(stock_folders["lm"])
+    model = MGKLlamaForCausalLM.from_pretrained(stock_folders["lm"], attention_type="mgk", num_keys=1,
+                                                mgk_variances=[1.0])
+    x = ids(length=10)
+    with torch.no_grad():
+        got = model.model(x, output_attentions=True).attentions[0]
+        hidden = stock.model.layers[0].input_layernorm(stock.model.embed_tokens(x))
+        attn = stock.model.layers[0].self_attn
+        q = attn.q_proj(hidden).view(2, 10, 4, 16).transpose(1, 2)
+        k = attn.k_proj(hidden).view(2, 10, 2, 16).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, *stock.model.rotary_emb(hidden, torch.arange(10)[None]))
+        k = repeat_kv(k, 2)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(16) - (k * k).sum(-1)[:, :, None] / (2 * math.sqrt(16))
+        want = scores.masked_fill(torch.ones(10, 10, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(attention_type="fish", num_global_heads=3), "num_global_heads must divide 4"),
     (dict(attention_type="fish", num_attention_heads=2), "num_attention_heads=4 into num_attention_heads=2"),
@@ -195,7 +219,7 @@ def test_rotary_positions_rotate_every_key(case):
 def test_cached_generation_equals_uncached_and_left_padded_rows_equal_rows_alone(case):
     model = new_model(case)
     x = ids(length=7)
-    kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    kw = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0)  # (no early end of text)
     cached, uncached = model.generate(x, use_cache=True, **kw), model.generate(x, use_cache=False, **kw)
     assert torch.equal(cached, uncached)
     padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), x[1:, :4]], 1)
@@ -206,6 +230,8 @@ def test_cached_generation_equals_uncached_and_left_padded_rows_equal_rows_alone
         rows = model(both, attention_mask=mask, position_ids=positions).logits
         alone = model(x[1:, :4]).logits
     torch.testing.assert_close(rows[1, 3:], alone[0], rtol=1e-4, atol=1e-4)
+    together = model.generate(both, attention_mask=mask, **kw)  # generate() numbers left-padded rows itself
+    assert torch.equal(together[1, 7:], model.generate(x[1:, :4], **kw)[0, 4:])
 
 
 @pytest.mark.parametrize("case", CASES, ids=_id)

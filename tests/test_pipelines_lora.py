@@ -56,6 +56,7 @@ class Family:
 
 ENCODER = tiny.bert_size(dropout=False, **PEAKED)
 DECODER = tiny.gpt2_size(dropout=False, n_positions=tiny.POSITIONS, **PEAKED)
+LLAMA = {k: v for k, v in tiny.llama(dropout=False, **PEAKED).items() if k != "vocab_size"}
 FAMILIES = {
     "mgk-bert": Family("MGKBertForMaskedLM", "MGKBertForSequenceClassification", "MGKBertConfig",
                        dict(ENCODER, max_position_embeddings=tiny.POSITIONS), bundled.bert_checkpoint_dir,
@@ -69,6 +70,11 @@ FAMILIES = {
     "fish-gpt2": Family("FiSHGPT2LMHeadModel", "FiSHGPT2ForSequenceClassification", "FiSHGPT2Config",
                         dict(DECODER, num_global_heads=2), bundled.gpt2_tokenizer_dir, "text-generation",
                         "AutoModelForCausalLM"),
+    "mgk-llama": Family("MGKLlamaForCausalLM", "MGKLlamaForSequenceClassification", "MGKLlamaConfig", LLAMA,
+                        bundled.gpt2_tokenizer_dir, "text-generation", "AutoModelForCausalLM"),
+    "fish-llama": Family("FiSHLlamaForCausalLM", "FiSHLlamaForSequenceClassification", "FiSHLlamaConfig",
+                         dict(LLAMA, num_global_heads=2), bundled.gpt2_tokenizer_dir, "text-generation",
+                         "AutoModelForCausalLM"),
 }
 
 
@@ -253,7 +259,9 @@ class LoraCase:
 
 TINY = {"mgk-bert": tiny.bert(dropout=False), "mgk-gpt2": tiny.gpt2(dropout=False, special_ids=True),
         "fish-gpt2": tiny.gpt2(dropout=False, special_ids=True, num_global_heads=2),
-        "nprf-roberta": tiny.roberta(dropout=False, special_ids=True, num_random_features=16)}
+        "nprf-roberta": tiny.roberta(dropout=False, special_ids=True, num_random_features=16),
+        "mgk-llama": tiny.llama(dropout=False, pad_token_id=0),
+        "fish-llama": tiny.llama(dropout=False, pad_token_id=0, num_global_heads=2)}
 NUM_KEYS = 3  # two extra key projections: a target list that names only the first misses one
 LORA_CASES = {
     "mgk-bert": LoraCase("mgk-bert", dict(num_keys=NUM_KEYS),
@@ -276,6 +284,14 @@ LORA_CASES = {
                                 dict(target_modules=["c_attn", "attn.c_proj"], modules_to_save=["mixing"],
                                      fan_in_fan_out=True),
                                 r"transformer\.h\.\d\.attn\.(c_attn|c_proj)", saved=("mixing",), frozen=("noise_std",)),
+    # Llama's names: q_proj, k_proj, v_proj, o_proj (MGK's extra keys beside k_proj)
+    "mgk-llama": LoraCase("mgk-llama", dict(num_keys=NUM_KEYS),
+                          dict(target_modules=["q_proj", "k_proj", *mgk_keys(NUM_KEYS)[1:], "v_proj", "o_proj"]),
+                          r"model\.layers\.\d\.self_attn\.(q_proj|k_proj|v_proj|o_proj|extra_keys\.\d)",
+                          frozen=("prior_logits",)),
+    "fish-llama": LoraCase("fish-llama", {}, dict(target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+                           r"model\.layers\.\d\.self_attn\.(q_proj|k_proj|v_proj|o_proj)",
+                           frozen=("mixing", "noise_std")),
     "nprf-roberta": LoraCase("nprf-roberta", {},
                              dict(target_modules=["query", "key", "value", "attention.output.dense"],
                                   modules_to_save=["relative_position"]),
