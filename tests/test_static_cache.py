@@ -8,11 +8,12 @@ import torch
 from transformers import StaticCache
 
 from conftest import assert_close
-from hf_mgk import (FiSHGPT2Config, FiSHGPT2LMHeadModel, MGKGPT2Config, MGKGPT2LMHeadModel, NPRFRobertaConfig,
-                    NPRFRobertaForCausalLM)
+from hf_mgk import (FiSHGPT2Config, FiSHGPT2LMHeadModel, FiSHLlamaConfig, FiSHLlamaForCausalLM, MGKGPT2Config,
+                    MGKGPT2LMHeadModel, MGKLlamaConfig, MGKLlamaForCausalLM, NPRFRobertaConfig, NPRFRobertaForCausalLM)
 import tiny
 
 GPT2 = tiny.gpt2(dropout=False, special_ids=True)
+LLAMA = tiny.llama(dropout=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 ROBERTA = tiny.roberta(dropout=False, special_ids=True, max_position_embeddings=64, num_random_features=16,
                        is_decoder=True)
 
@@ -27,6 +28,12 @@ CASES = {
     "mgkgpt2-mlk": lambda: MGKGPT2LMHeadModel(MGKGPT2Config(**GPT2, attention_type="mlk")),
     "nprf-softmax": lambda: NPRFRobertaForCausalLM(NPRFRobertaConfig(**ROBERTA, attention_type="softmax")),
     "nprf-nprf": lambda: NPRFRobertaForCausalLM(NPRFRobertaConfig(**ROBERTA)),
+    # Llama's: grouped key/value heads, rotary positions; MGK's M keys per key/value head, FiSH's M global keys
+    # beside the value heads
+    "mgkllama-mgk": lambda: MGKLlamaForCausalLM(MGKLlamaConfig(**LLAMA, num_keys=3)),
+    "mgkllama-smgk": lambda: MGKLlamaForCausalLM(MGKLlamaConfig(**LLAMA, attention_type="smgk")),
+    "fishllama-hard": lambda: FiSHLlamaForCausalLM(FiSHLlamaConfig(**LLAMA, attention_type="hard_fish",
+                                                                   num_global_heads=1)),
 }
 
 
@@ -81,3 +88,23 @@ def test_forward_with_a_static_cache_and_a_padding_mask(case):
                              position_ids=positions[:, 8 + step:9 + step], past_key_values=cache).logits)
     real = full_mask.bool()
     assert_close(torch.cat(got, 1)[real], expected[real], rtol=1e-5)
+
+
+@pytest.mark.slow  # compiles
+@pytest.mark.parametrize("case", ["mgkllama-mgk", "fishllama-hard", "mgkgpt2-mgk-3", "fish-fish"])
+def test_compiled_static_cache_generation_equals_eager(case):
+    """generate() with a static cache and the forward compiled (as transformers compiles it for a static cache):
+    the eager tokens and logits."""
+    model = model_for(case)
+    ids, mask = left_padded(model.config.pad_token_id)
+    kwargs = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=model.config.pad_token_id,
+                  cache_implementation="static", return_dict_in_generate=True, output_logits=True)
+    eager = model.generate(ids, **kwargs)
+    torch._dynamo.reset()
+    model.forward = torch.compile(model.forward, backend="aot_eager")
+    try:
+        compiled = model.generate(ids, **kwargs)
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(compiled.sequences, eager.sequences)
+    assert_close(torch.stack(compiled.logits), torch.stack(eager.logits), rtol=1e-5)

@@ -333,8 +333,11 @@ def _fused_attention(query, key, value, p, scale, attention_mask, is_causal):
     H = p.shape[1]
     Dv = value.shape[-1]
     w = (p * scale).t().to(query.dtype)  # (H, M)
-    q = (query.unsqueeze(1) * w[:, :, None, None]).transpose(2, 3).reshape(B, H, N, M * D)
-    k = key.transpose(1, 2).reshape(B, 1, S, M * D)
+    # contiguous before the reshapes: with M = 1 they would be views with the transposes' strides, which
+    # torch.compile traces from its fake tensors' strides, not the run's ("view size is not compatible"); for
+    # M > 1 the reshapes copy anyway
+    q = (query.unsqueeze(1) * w[:, :, None, None]).transpose(2, 3).contiguous().reshape(B, H, N, M * D)
+    k = key.transpose(1, 2).contiguous().reshape(B, 1, S, M * D)
     size = max(M * D, Dv)
     if size > M * D:
         q, k = F.pad(q, (0, size - M * D)), F.pad(k, (0, size - M * D))
