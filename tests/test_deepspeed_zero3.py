@@ -32,6 +32,7 @@ STOCK = {  # stock class, tiny fields
     "bert": ("BertForMaskedLM", "BertConfig", "bert"),
     "gpt2": ("GPT2LMHeadModel", "GPT2Config", "gpt2"),
     "roberta": ("RobertaForMaskedLM", "RobertaConfig", "roberta"),
+    "llama": ("LlamaForCausalLM", "LlamaConfig", "llama"),
 }
 
 # name: (class, stock checkpoint or None for a new model from the config, keywords or config fields)
@@ -47,6 +48,8 @@ CASES = {
     "fish-gpt2-classifier-warm": ("FiSHGPT2ForSequenceClassification", "gpt2",
                                   {"attention_type": "hard_fish", "num_global_heads": 2, "num_labels": 2}),
     "nprf-roberta-warm": ("NPRFRobertaForMaskedLM", "roberta", {}),
+    "mgk-llama-mgk-warm": ("MGKLlamaForCausalLM", "llama", {"attention_type": "mgk", "num_keys": 3}),
+    "fish-llama-fish-warm": ("FiSHLlamaForCausalLM", "llama", {"attention_type": "fish", "num_global_heads": 2}),
 }
 NEW = {
     "mgk-bert-smgk-new": ("MGKBertForMaskedLM", None, dict(tiny.bert(), attention_type="smgk")),
@@ -54,6 +57,8 @@ NEW = {
     "fish-gpt2-gfish-new": ("FiSHGPT2LMHeadModel", None, dict(tiny.gpt2(), attention_type="gfish",
                                                               num_global_heads=2)),
     "nprf-roberta-new": ("NPRFRobertaForMaskedLM", None, tiny.roberta()),
+    "mgk-llama-smgk-new": ("MGKLlamaForCausalLM", None, dict(tiny.llama(), attention_type="smgk")),
+    "fish-llama-gfish-new": ("FiSHLlamaForCausalLM", None, dict(tiny.llama(), attention_type="gfish")),
 }
 
 _RANKS = '''

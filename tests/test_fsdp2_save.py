@@ -25,6 +25,8 @@ FAMILIES = {  # class, config class, tiny fields
     "fish-gpt2": ("FiSHGPT2LMHeadModel", "FiSHGPT2Config", "gpt2",
                   {"attention_type": "hard_fish", "num_global_heads": 2}),
     "nprf-roberta": ("NPRFRobertaForMaskedLM", "NPRFRobertaConfig", "roberta", {}),
+    "mgk-llama": ("MGKLlamaForCausalLM", "MGKLlamaConfig", "llama", {"attention_type": "mgk"}),
+    "fish-llama": ("FiSHLlamaForCausalLM", "FiSHLlamaConfig", "llama", {"attention_type": "hard_fish"}),
 }
 
 _RANKS = '''

@@ -57,6 +57,8 @@ FSDP = {  # file: the families it serves
                             ("FiSHGPT2LMHeadModel", "FiSHGPT2Config", dict(tiny.gpt2(), num_global_heads=2))],
     "fsdp2_encoders.json": [("MGKBertForMaskedLM", "MGKBertConfig", tiny.bert()),
                             ("NPRFRobertaForMaskedLM", "NPRFRobertaConfig", tiny.roberta())],
+    "fsdp2_llama.json": [("MGKLlamaForCausalLM", "MGKLlamaConfig", tiny.llama()),
+                         ("FiSHLlamaForCausalLM", "FiSHLlamaConfig", tiny.llama())],
 }
 
 

@@ -297,3 +297,12 @@ def test_sequence_classification_reads_the_last_real_token():
         torch.testing.assert_close(model(padded, attention_mask=(padded != 0).long()).logits, model(x).logits,
                                    rtol=1e-5, atol=1e-5)
     assert transformers.__version__  # (the stock classes above are the installed release's)
+
+
+def test_token_types_of_one_segment_are_accepted_and_a_second_one_refused():
+    model = new_model(CASES[1])
+    x = ids()
+    with torch.no_grad():
+        assert torch.equal(model(x, token_type_ids=torch.zeros_like(x)).logits, model(x).logits)
+    with pytest.raises(ValueError, match="no token type embeddings"):
+        model(x, token_type_ids=torch.ones_like(x))

@@ -31,6 +31,7 @@ import publish  # noqa: E402
 pytestmark = pytest.mark.slow  # export / card / upload end to end, with virtualenv checks
 
 TINY = tiny.bert_size()  # each test sets vocab_size
+LLAMA = {k: v for k, v in tiny.llama().items() if k != "vocab_size"}
 GOOD, BAD = ["good", "great", "fine", "lovely", "superb"], ["bad", "awful", "poor", "dull", "boring"]
 
 
@@ -194,10 +195,12 @@ def make_run(tmp_path, model, info, metrics):
     ("mgk-gpt2", hf_mgk.MGKGPT2LMHeadModel, tiny.gpt2_size(e_step="hard"), "text-generation"),
     ("nprf-roberta", hf_mgk.NPRFRobertaForQuestionAnswering, dict(TINY, num_random_features=8),
      "question-answering"),
+    ("mgk-llama", hf_mgk.MGKLlamaForCausalLM, LLAMA, "text-generation"),
+    ("fish-llama", hf_mgk.FiSHLlamaForSequenceClassification, dict(LLAMA, num_global_heads=2),
+     "text-classification"),
 ])
 def test_each_family_card_warm_start_and_hub_dataset(tmp_path, family, cls, config_kwargs, pipeline):
-    config_class = {"mgk-bert": hf_mgk.MGKBertConfig, "fish-gpt2": hf_mgk.FiSHGPT2Config,
-                    "mgk-gpt2": hf_mgk.MGKGPT2Config, "nprf-roberta": hf_mgk.NPRFRobertaConfig}[family]
+    config_class = FAMILIES[family].config_class
     model = cls(config_class(vocab_size=30522, **config_kwargs))
     info = {"identity": {"script": "run_x", "model_name_or_path": "bert-base-uncased", "dataset_name": "wikitext",
                          "dataset_config_name": "wikitext-2-raw-v1"},

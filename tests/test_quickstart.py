@@ -255,3 +255,29 @@ def test_main_job_gpt2_families_from_a_stock_gpt2(family, attention, heads, tmp_
         assert "softmax-pruned" not in summary and summary["control"].startswith("none: fish-gpt2 hard_fish keeps")
     assert summary[attention]["parameters"] < summary["softmax"]["parameters"]
     assert summary["exported"]["agreeing_predictions"] == 40
+
+
+@pytest.mark.parametrize("family, attention", [("fish-llama", "hard_fish"), ("mgk-llama", "mgk")])
+def test_main_job_llama_families_from_a_stock_llama(family, attention, tmp_path):
+    """The Llama families keep every head of the checkpoint (their conversion selects none): no pruned control;
+    the baseline is the same family with softmax attention, stock Llama's function."""
+    from conftest import write_play_split
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from hf_mgk import bundled
+    import tiny
+
+    tokenizer = AutoTokenizer.from_pretrained(bundled.gpt2_tokenizer_dir())
+    torch.manual_seed(0)
+    stock = str(tmp_path / "llama")
+    LlamaForCausalLM(LlamaConfig(**tiny.llama(vocab_size=len(tokenizer)))).save_pretrained(stock)
+    tokenizer.save_pretrained(stock)
+    play = write_play_split(tmp_path, (0, 600), (600, 900))
+    summary = quickstart.main(["--family", family, "--model_name_or_path", stock, "--output_dir",
+                               str(tmp_path / "run"), "--adapt_files", play["train"], play["validation"]] + TINY)
+    config = json.load(open(os.path.join(summary[attention]["folder"], "config.json")))
+    assert (config["model_type"], config["attention_type"], config["num_attention_heads"]) == (family, attention, 4)
+    baseline = json.load(open(os.path.join(summary["softmax"]["folder"], "config.json")))
+    assert (baseline["model_type"], baseline["attention_type"]) == (family, "softmax")
+    assert "softmax-pruned" not in summary
+    assert summary["exported"]["agreeing_predictions"] == 40

@@ -38,6 +38,7 @@ from .modeling_common import (
     attention_mask_from,
     can_return_tuple,
     is_checkpointing,
+    is_tracing,
     output_requested,
     resolve_use_cache,
     run_layers,
@@ -188,11 +189,12 @@ class LlamaStackModelMixin:
                 inputs_embeds=None, use_cache=None, output_hidden_states=None, token_type_ids=None, **kwargs):
         """attention_mask covers the cached and the new tokens (batch, past + new), as `generate()` passes it.
         With left padding, pass position_ids (generate() derives them from the mask). token_type_ids: Llama has
-        none; accepted as None only (the heads pass it through)."""
+        no token types; all zeros (what a tokenizer of one segment gives) are accepted and change nothing."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
-        if token_type_ids is not None:
-            raise ValueError(f"{type(self).__name__} has no token type embeddings: token_type_ids must be None")
+        if token_type_ids is not None and not is_tracing() and bool(token_type_ids.any()):
+            raise ValueError(f"{type(self).__name__} has no token type embeddings: token_type_ids must be None or "
+                             "all zeros (a second segment cannot be told apart)")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         batch, length = inputs_embeds.shape[:2]
