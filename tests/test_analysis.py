@@ -195,6 +195,11 @@ def _tiny(family, attention_type):
             attention_type=attention_type, **tiny.gpt2(n_inner=37, num_global_heads=2)))
     if family == "mgk-gpt2":
         return hf_mgk.MGKGPT2Model(hf_mgk.MGKGPT2Config(attention_type=attention_type, **tiny.gpt2(n_inner=37)))
+    if family == "mgk-llama":
+        return hf_mgk.MGKLlamaModel(hf_mgk.MGKLlamaConfig(attention_type=attention_type, **tiny.llama()))
+    if family == "fish-llama":
+        return hf_mgk.FiSHLlamaModel(hf_mgk.FiSHLlamaConfig(attention_type=attention_type,
+                                                            **tiny.llama(num_global_heads=2)))
     if family == "nprf-roberta":
         return hf_mgk.NPRFRobertaModel(hf_mgk.NPRFRobertaConfig(
             attention_type=attention_type, **tiny.roberta(num_random_features=16)))
@@ -207,7 +212,8 @@ def _tiny(family, attention_type):
     ("mgk-bert", "mgk"), ("mgk-bert", "smgk"), ("mgk-bert", "mlk"), ("mgk-bert", "softmax"),
     ("fish-gpt2", "fish"), ("fish-gpt2", "gfish"), ("fish-gpt2", "softmax"),
     ("mgk-gpt2", "mgk"), ("mgk-gpt2", "smgk"), ("mgk-gpt2", "mlk"), ("mgk-gpt2", "softmax"),
-    ("nprf-roberta", "nprf"), ("nprf-roberta", "softmax"), ("bert", "stock")])
+    ("nprf-roberta", "nprf"), ("nprf-roberta", "softmax"), ("bert", "stock"),
+    ("mgk-llama", "mgk"), ("mgk-llama", "smgk"), ("fish-llama", "fish"), ("fish-llama", "softmax")])
 def test_collect_attentions_equals_output_attentions(family, attention_type):
     """Unpadded: exactly the model's output_attentions. Padded (right, left, both): each sequence's matrices
     equal those of its real tokens run alone. The model is used in eval mode and its mode restored."""
