@@ -306,3 +306,22 @@ def test_token_types_of_one_segment_are_accepted_and_a_second_one_refused():
         assert torch.equal(model(x, token_type_ids=torch.zeros_like(x)).logits, model(x).logits)
     with pytest.raises(ValueError, match="no token type embeddings"):
         model(x, token_type_ids=torch.ones_like(x))
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[3], CASES[-4], CASES[-3]], ids=_id)
+def test_a_whole_4d_mask_is_the_padding_mask_it_spells(case):
+    """A caller's (B, 1, N, S) mask, boolean or additive as SDPA takes them, causal and padded: the logits of the
+    padding mask it spells out."""
+    model = new_model(case)
+    x = ids(length=8)
+    mask = torch.ones_like(x)
+    mask[1, :3] = 0
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)
+    whole = torch.ones(8, 8, dtype=torch.bool).tril()[None, None] & mask.bool()[:, None, None, :]
+    additive = torch.zeros(whole.shape).masked_fill(~whole, torch.finfo(torch.float32).min)
+    real = mask.bool()
+    with torch.no_grad():
+        want = model(x, attention_mask=mask, position_ids=positions).logits
+        for given in (whole, additive):
+            got = model(x, attention_mask=given, position_ids=positions).logits
+            torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-5)

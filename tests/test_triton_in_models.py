@@ -88,6 +88,20 @@ def test_mgk_gpt2_training_step_on_the_kernels(monkeypatch):
     _compare(hf_mgk.MGKGPT2LMHeadModel(config), monkeypatch, am, "mgk_triton")
 
 
+@pytest.mark.parametrize("attention_type", ["mgk", "smgk"])
+def test_mgk_llama_training_step_on_the_kernels(attention_type, monkeypatch):
+    """Rotated keys, grouped key/value heads (sMGK's shifted keys made whole before the kernels)."""
+    config = hf_mgk.MGKLlamaConfig(**tiny.llama(dropout=False), attention_type=attention_type)
+    torch.manual_seed(0)
+    _compare(hf_mgk.MGKLlamaForCausalLM(config), monkeypatch, am, "mgk_triton")
+
+
+def test_fish_llama_training_step_on_the_kernels(monkeypatch):
+    config = hf_mgk.FiSHLlamaConfig(**tiny.llama(dropout=False), attention_type="hard_fish", num_global_heads=2)
+    torch.manual_seed(0)
+    _compare(hf_mgk.FiSHLlamaForCausalLM(config), monkeypatch, af, "fish_triton")
+
+
 def test_fish_gpt2_noisy_training_step_runs_on_the_kernels_and_repeats(monkeypatch):
     """FiSH's noise is drawn in the kernels (other numbers than the CPU paths'): a seeded step repeats, the
     gradients are finite and reach sigma and the mixing."""
