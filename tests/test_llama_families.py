@@ -325,3 +325,32 @@ def test_a_whole_4d_mask_is_the_padding_mask_it_spells(case):
         for given in (whole, additive):
             got = model(x, attention_mask=given, position_ids=positions).logits
             torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-5)
+
+
+ROPE_TYPES = {  # every rope type of transformers' LlamaRotaryEmbedding, with the fields each needs
+    "default": {},
+    "linear": {"rope_type": "linear", "factor": 2.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 2.0},
+    "yarn": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32},
+    "llama3": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 32},
+    "longrope": {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+                 "original_max_position_embeddings": 32},
+}
+
+
+@pytest.mark.parametrize("rope", sorted(ROPE_TYPES))
+def test_every_rope_type_converts_to_the_stock_function(rope, tmp_path):
+    """transformers' own rotary embedding, whatever its type: hard FiSH with every head and MGK's softmax are the
+    stock model on a sequence past original_max_position_embeddings (where the scaled types differ)."""
+    torch.manual_seed(0)
+    stock = LlamaForCausalLM(LlamaConfig(**tiny.llama(dropout=False, rope_scaling=ROPE_TYPES[rope]))).eval()
+    stock.save_pretrained(tmp_path)
+    x = ids(batch=1, length=40)
+    with torch.no_grad():
+        want = stock(x).logits
+        for family, kw in ((FiSHLlamaForCausalLM, dict(attention_type="hard_fish", num_global_heads=4)),
+                           (MGKLlamaForCausalLM, dict(attention_type="softmax"))):
+            model = family.from_pretrained(tmp_path, **kw)
+            assert model.config.rope_parameters["rope_type"] == stock.config.rope_parameters["rope_type"]
+            torch.testing.assert_close(model(x).logits, want, rtol=1e-5, atol=1e-5)
