@@ -354,3 +354,26 @@ def test_every_rope_type_converts_to_the_stock_function(rope, tmp_path):
             model = family.from_pretrained(tmp_path, **kw)
             assert model.config.rope_parameters["rope_type"] == stock.config.rope_parameters["rope_type"]
             torch.testing.assert_close(model(x).logits, want, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_biases_convert_with_their_heads(tmp_path):
+    """attention_bias=True (Qwen2's q/k/v biases, here on every projection): hard FiSH with every head is still the
+    stock model; pooled global heads pool their biases; MGK's extra keys start from the key bias."""
+    torch.manual_seed(0)
+    stock = LlamaForCausalLM(LlamaConfig(**tiny.llama(dropout=False, attention_bias=True))).eval()
+    with torch.no_grad():
+        for p in stock.parameters():
+            if p.dim() == 1 and p.abs().sum() == 0:
+                p.normal_()  # biases start at zero: give them something to carry
+    stock.save_pretrained(tmp_path)
+    x = ids()
+    with torch.no_grad():
+        full = FiSHLlamaForCausalLM.from_pretrained(tmp_path, attention_type="hard_fish", num_global_heads=4)
+        torch.testing.assert_close(full(x).logits, stock(x).logits, rtol=1e-5, atol=1e-5)
+    pooled = FiSHLlamaForCausalLM.from_pretrained(tmp_path, attention_type="hard_fish", num_global_heads=2)
+    q_bias = stock.model.layers[0].self_attn.q_proj.bias.view(4, 16)
+    torch.testing.assert_close(pooled.model.layers[0].self_attn.q_proj.bias.view(2, 16),
+                               torch.stack([q_bias[:2].mean(0), q_bias[2:].mean(0)]))
+    mgk = MGKLlamaForCausalLM.from_pretrained(tmp_path, attention_type="mgk")
+    attn = mgk.model.layers[0].self_attn
+    assert torch.equal(attn.extra_keys[0].bias, attn.k_proj.bias) and attn.k_proj.bias.abs().sum() > 0
