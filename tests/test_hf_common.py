@@ -5,7 +5,8 @@ distribution, which `scripts/setup.sh` extracts into `.hf-tests/transformers-<ve
 here). Each family gets a small model tester, as transformers' own `tests/models/*/test_modeling_*.py` do (tiny
 config, `prepare_config_and_inputs_for_common`), once per attention type: MGK-BERT softmax / mgk, FiSH-GPT2
 softmax / fish / hard_fish, MGK-GPT2 softmax / mgk / smgk with the hard E-step and the EM prior, NPRF-RoBERTa
-softmax / nprf (encoder classes, and the causal LM as a decoder).
+softmax / nprf (encoder classes, and the causal LM as a decoder), MGK-Llama softmax / mgk / smgk with the hard
+E-step and the EM prior, FiSH-Llama softmax / fish / hard_fish.
 
 The sdist ships `test_modeling_common.py` without two files it imports: `tests/exporters/test_export.py`
 (`ExportTesterMixin`, the base of `ModelTesterMixin`, which adds the export tests) and
@@ -28,7 +29,7 @@ import hf_mgk
 from hf_mgk.families import FAMILIES
 import tiny
 
-pytestmark = pytest.mark.slow  # about 800 tests: 2-4 minutes on 2 cores
+pytestmark = pytest.mark.slow  # about 1,300 tests: 3-5 minutes on 2 cores
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HF_TESTS = os.path.join(ROOT, ".hf-tests", f"transformers-{transformers.__version__}", "tests")
