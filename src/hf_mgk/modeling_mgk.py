@@ -131,18 +131,20 @@ class MGKAttentionCore(nn.Module):
             return softmax_attention(self, query, keys, value, attention_mask, dropout_p=dropout_p, scale=scale,
                                      return_weights=return_weights)
         is_causal = self.is_causal and not is_full_mask(attention_mask)
+        shifted_in_kernel = self.attention_type == "smgk" and not every_key  # q.k once for all M shifted keys
+        whole = None if shifted_in_kernel else keys if every_key else self.all_keys(keys)
         if self.prior_type == "em" and self.training and self._m_step_due:
-            self._m_step(query, keys if every_key else self.all_keys(keys), attention_mask, is_causal)
+            self._m_step(query, self.all_keys(keys) if whole is None else whole, attention_mask, is_causal)
         kw = dict(log_prior=self.log_prior(), attention_mask=attention_mask, is_causal=is_causal,
                   return_weights=return_weights, backend=self.config.backend)
-        if self.attention_type == "smgk" and not every_key:  # q.k once for all M shifted keys
+        if shifted_in_kernel:
             res = smgk_attention(query, keys, self.key_shift, value, variances=self.variances,
                                  e_step=self.config.e_step, dropout_p=dropout_p, **kw)
         elif self.is_gaussian:
-            res = mgk_attention(query, keys if every_key else self.all_keys(keys), value, variances=self.variances,
-                                e_step=self.config.e_step, dropout_p=dropout_p, **kw)
+            res = mgk_attention(query, whole, value, variances=self.variances, e_step=self.config.e_step,
+                                dropout_p=dropout_p, **kw)
         else:
-            res = mlk_attention(query, keys if every_key else self.all_keys(keys), value, **kw)
+            res = mlk_attention(query, whole, value, **kw)
         out, weights = res if return_weights else (res, None)
         if not self.is_gaussian and dropout_p > 0:
             # Linear attention has no probability matrix to drop: drop on the output instead.
@@ -150,8 +152,7 @@ class MGKAttentionCore(nn.Module):
         return out, weights
 
     def first_key_parameters(self):
-        """(weight, bias, loaded): the first key projection laid out as each of `extra_keys` (option A's keys
-        2..M), and whether it was loaded from a checkpoint."""
+        """(weight, bias): the first key projection laid out as each of `extra_keys` (option A's keys 2..M)."""
         raise NotImplementedError
 
     def first_key_module(self):
@@ -185,7 +186,7 @@ def init_mgk_weights(model, module):
         if not getattr(source.weight, "_is_hf_initialized", False):
             return  # nothing loaded to start from (checked before gathering: a model being built has no checkpoint)
         with gathered(source.parameters()):
-            weight, bias, _ = attention.first_key_parameters()
+            weight, bias = attention.first_key_parameters()
             init.copy_(module.weight, extra_key_start(weight, std))
             if module.bias is not None:  # (Llama's projections have none unless attention_bias)
                 init.copy_(module.bias, bias)

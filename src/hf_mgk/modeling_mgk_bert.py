@@ -68,7 +68,7 @@ class MGKBertSelfAttention(MGKAttentionCore):
             self.extra_keys = nn.ModuleList(nn.Linear(config.hidden_size, inner) for _ in range(self.num_keys - 1))
 
     def first_key_parameters(self):
-        return self.key.weight, self.key.bias, getattr(self.key.weight, "_is_hf_initialized", False)
+        return self.key.weight, self.key.bias
 
     def first_key_module(self):
         return self.key

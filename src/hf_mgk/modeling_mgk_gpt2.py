@@ -67,13 +67,8 @@ class MGKGPT2Attention(MGKAttentionCore):
         return self.c_attn
 
     def first_key_parameters(self):
-        weight = self.c_attn.weight
-        if not getattr(weight, "_is_hf_initialized", False):
-            # nothing loaded to start from; and a weight DeepSpeed ZeRO-3 has partitioned (a model built inside
-            # zero.Init) is empty, with no columns to slice
-            return None, None, False
         inner = self.num_heads * self.head_dim
-        return weight[:, inner:2 * inner], self.c_attn.bias[inner:2 * inner], True
+        return self.c_attn.weight[:, inner:2 * inner], self.c_attn.bias[inner:2 * inner]
 
     def _heads(self, x):
         return x.view(*x.shape[:-1], -1, self.head_dim).transpose(1, 2)

@@ -67,8 +67,7 @@ class MGKLlamaAttention(MGKAttentionCore):
         return self.k_proj
 
     def first_key_parameters(self):
-        weight = self.k_proj.weight
-        return weight, self.k_proj.bias, getattr(weight, "_is_hf_initialized", False)
+        return self.k_proj.weight, self.k_proj.bias
 
     def _heads(self, x, n_heads):
         return x.view(*x.shape[:-1], n_heads, self.head_dim).transpose(1, 2)
