@@ -79,6 +79,36 @@ def attention_scaling(config, layer_idx, head_dim):
     return scaling
 
 
+def decoder_cache(model, past_key_values, use_cache):
+    """(use_cache as the model resolves it, the cache: the one given, or a new DynamicCache when one is wanted,
+    the number of positions it holds)."""
+    use_cache = resolve_use_cache(model, use_cache)
+    if use_cache and past_key_values is None:
+        past_key_values = DynamicCache(config=model.config)
+    past = past_key_values.get_seq_length() if past_key_values is not None else 0
+    return use_cache, past_key_values, past
+
+
+def run_decoder(model, layers, final_norm, hidden_states, past_key_values, past, attention_mask, use_cache,
+                output_hidden_states, **kwargs):
+    """A decoder stack (GPT-2's, Llama's) from its embedded input: the layers, with the mask of the cached and new
+    keys and no cache under gradient checkpointing in training, then the final norm. The hidden states asked for
+    end with the normed one, as stock GPT-2's and Llama's do. kwargs go to every layer."""
+    batch, length = hidden_states.shape[:2]
+    static = getattr(past_key_values, "is_compileable", False)  # its keys: every slot, not past + length
+    mask = attention_mask_from(attention_mask, batch, length, None if static else past + length)
+    cache = past_key_values if not (model.training and is_checkpointing(model)) else None
+    output_hidden_states = output_requested(model.config, "output_hidden_states", output_hidden_states)
+    hidden_states, all_hidden, attentions = run_layers(layers, hidden_states, cache, mask,
+                                                       output_hidden_states=output_hidden_states, **kwargs)
+    hidden_states = final_norm(hidden_states)
+    if all_hidden is not None:
+        all_hidden = all_hidden[:-1] + (hidden_states,)
+    return BaseModelOutputWithPast(last_hidden_state=hidden_states,
+                                   past_key_values=past_key_values if use_cache else None,
+                                   hidden_states=all_hidden, attentions=attentions)
+
+
 class DecoderBlock(GradientCheckpointingLayer):
     def __init__(self, config, attention_class, layer_idx=None):
         super().__init__()
@@ -243,11 +273,8 @@ class DecoderModelMixin:
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
         if inputs_embeds is None:
             inputs_embeds = self.wte(input_ids)
-        batch, length = inputs_embeds.shape[:2]
-        use_cache = resolve_use_cache(self, use_cache)
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
-        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        length = inputs_embeds.shape[1]
+        use_cache, past_key_values, past = decoder_cache(self, past_key_values, use_cache)
         if position_ids is None:
             check_sequence_length(past + length, self.config.n_positions, "n_positions")
             position_ids = torch.arange(past, past + length, device=inputs_embeds.device)[None]
@@ -256,19 +283,8 @@ class DecoderModelMixin:
         hidden_states = inputs_embeds + self.wpe(position_ids)
         if token_type_ids is not None:
             hidden_states = hidden_states + self.wte(token_type_ids)
-        hidden_states = self.drop(hidden_states)
-        static = getattr(past_key_values, "is_compileable", False)  # its keys: every slot, not past + length
-        mask = attention_mask_from(attention_mask, batch, length, None if static else past + length)
-        cache = past_key_values if not (self.training and is_checkpointing(self)) else None
-        output_hidden_states = output_requested(self.config, "output_hidden_states", output_hidden_states)
-        hidden_states, all_hidden, attentions = run_layers(self.h, hidden_states, cache, mask,
-                                                           output_hidden_states=output_hidden_states, **kwargs)
-        hidden_states = self.ln_f(hidden_states)
-        if all_hidden is not None:  # GPT-2's: the last one after the final layer norm
-            all_hidden = all_hidden[:-1] + (hidden_states,)
-        return BaseModelOutputWithPast(last_hidden_state=hidden_states,
-                                       past_key_values=past_key_values if use_cache else None,
-                                       hidden_states=all_hidden, attentions=attentions)
+        return run_decoder(self, self.h, self.ln_f, self.drop(hidden_states), past_key_values, past, attention_mask,
+                           use_cache, output_hidden_states, **kwargs)
 
 
 class DecoderLMHeadMixin(CausalLMHeadMixin):
@@ -340,4 +356,6 @@ __all__ = [
     "STOCK_C_PROJ",
     "attention_scaling",
     "cache_update",
+    "decoder_cache",
+    "run_decoder",
 ]

@@ -21,9 +21,7 @@ Imports torch, transformers and siblings only (remote code)."""
 
 import torch
 from torch import nn
-from transformers.cache_utils import DynamicCache
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.modeling_utils import PreTrainedModel
 from transformers.models.llama.modeling_llama import (
     LlamaMLP,
@@ -32,18 +30,8 @@ from transformers.models.llama.modeling_llama import (
     apply_rotary_pos_emb,
 )
 
-from .modeling_common import (
-    AttentionImplementationMixin,
-    AutoMapMixin,
-    attention_mask_from,
-    can_return_tuple,
-    is_checkpointing,
-    is_tracing,
-    output_requested,
-    resolve_use_cache,
-    run_layers,
-)
-from .modeling_decoder import DecoderSequenceClassificationMixin
+from .modeling_common import AttentionImplementationMixin, AutoMapMixin, can_return_tuple, is_tracing
+from .modeling_decoder import DecoderSequenceClassificationMixin, decoder_cache, run_decoder
 from .modeling_heads import CausalLMHeadMixin
 from .modeling_warm_start import WarmStartMixin, WarmStartPlan, converted_model, hub_kwargs
 from .transformers_compat import PreTrainedConfig, TiedParametersCompat
@@ -197,27 +185,12 @@ class LlamaStackModelMixin:
                              "all zeros (a second segment cannot be told apart)")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
-        batch, length = inputs_embeds.shape[:2]
-        use_cache = resolve_use_cache(self, use_cache)
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
-        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        use_cache, past_key_values, past = decoder_cache(self, past_key_values, use_cache)
         if position_ids is None:
-            position_ids = torch.arange(past, past + length, device=inputs_embeds.device)[None]
-        position_embeddings = self.rotary_emb(inputs_embeds, position_ids)
-        static = getattr(past_key_values, "is_compileable", False)  # its keys: every slot, not past + length
-        mask = attention_mask_from(attention_mask, batch, length, None if static else past + length)
-        cache = past_key_values if not (self.training and is_checkpointing(self)) else None
-        output_hidden_states = output_requested(self.config, "output_hidden_states", output_hidden_states)
-        hidden_states, all_hidden, attentions = run_layers(self.layers, inputs_embeds, cache, mask,
-                                                           position_embeddings=position_embeddings,
-                                                           output_hidden_states=output_hidden_states, **kwargs)
-        hidden_states = self.norm(hidden_states)
-        if all_hidden is not None:  # the last one after the final norm, as stock Llama's
-            all_hidden = all_hidden[:-1] + (hidden_states,)
-        return BaseModelOutputWithPast(last_hidden_state=hidden_states,
-                                       past_key_values=past_key_values if use_cache else None,
-                                       hidden_states=all_hidden, attentions=attentions)
+            position_ids = torch.arange(past, past + inputs_embeds.shape[1], device=inputs_embeds.device)[None]
+        return run_decoder(self, self.layers, self.norm, inputs_embeds, past_key_values, past, attention_mask,
+                           use_cache, output_hidden_states,
+                           position_embeddings=self.rotary_emb(inputs_embeds, position_ids), **kwargs)
 
 
 class LlamaStackForCausalLMMixin(CausalLMHeadMixin):
